@@ -1,0 +1,23 @@
+// Explicit registration entry points of the in-tree backends (no static
+// initialisers): the manager calls RegisterBuiltinBackends() once at
+// initialisation. Each function registers one op family of one backend
+// through the registrar and returns the first error (NULL on success).
+#ifndef TEFL_SRC_BACKENDS_BACKENDS_H_
+#define TEFL_SRC_BACKENDS_BACKENDS_H_
+
+#include "tefl/tefl.h"
+
+namespace tefl::backends {
+
+// reference.cpp: scalar C++, double accumulation; the oracle.
+tefl_status* RegisterReferenceNormalization(const tefl_registrar& registrar);
+
+// default.portable: Highway (runtime ISA dispatch) + the host thread pool.
+tefl_status* RegisterPortableNormalization(const tefl_registrar& registrar);
+
+// Every in-tree backend, in a fixed order.
+tefl_status* RegisterBuiltinBackends(const tefl_registrar& registrar);
+
+}  // namespace tefl::backends
+
+#endif  // TEFL_SRC_BACKENDS_BACKENDS_H_

@@ -1,0 +1,48 @@
+#include "core/catalogue.h"
+
+#include <array>
+
+namespace tefl {
+namespace {
+
+// Indexed by op id; every id below TEFL_OP_COUNT_ has a schema (checked by
+// the catalogue test).
+struct Table {
+  std::array<OpSchema, TEFL_OP_COUNT_> ops{};
+};
+
+// Built once from the family tables (function-local static: no
+// initialisation-order dependency between translation units).
+const Table& GetTable() {
+  static const Table table = [] {
+    Table t;
+    for (std::span<const OpSchema> family : {NormalizationSchemas()}) {
+      for (const OpSchema& op : family) {
+        t.ops[size_t(op.id)] = op;
+      }
+    }
+    return t;
+  }();
+  return table;
+}
+
+}  // namespace
+
+std::span<const OpSchema> AllOps() { return GetTable().ops; }
+
+const OpSchema* FindOp(int32_t op_id) {
+  if (op_id < 0 || op_id >= TEFL_OP_COUNT_) return nullptr;
+  const OpSchema& op = GetTable().ops[size_t(op_id)];
+  return op.name ? &op : nullptr;
+}
+
+const OpSchema* FindOp(std::string_view name) {
+  for (const OpSchema& op : AllOps()) {
+    if (name == op.name) return &op;
+    for (const char* alias : op.aliases)
+      if (name == alias) return &op;
+  }
+  return nullptr;
+}
+
+}  // namespace tefl

@@ -1,0 +1,84 @@
+// The op catalogue: one schema per op, as data. Validation, `tefl ops`,
+// explain, the conformance checks and the docs read these schemas; nothing
+// else describes an op's arguments.
+#ifndef TEFL_SRC_CORE_CATALOGUE_H_
+#define TEFL_SRC_CORE_CATALOGUE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "core/dtype.h"
+#include "tefl/ops.h"
+
+namespace tefl {
+
+struct ArgSchema {
+  const char* name;
+  DTypeSet dtypes;  // allowed dtypes
+  bool optional;    // may be NULL
+  const char* shape;  // documentation, e.g. "[N..., H]"
+};
+
+enum class AttrType : uint8_t { kF32, kI32, kBool };
+
+struct AttrSchema {
+  const char* name;
+  AttrType type;
+  uint32_t offset;        // in the op's attribute struct
+  double default_value;
+  double min_value, max_value;  // inclusive; checked on every call
+  // Bits of the value that enter the call signature (0: not part of it).
+  // supports() may depend on exactly these attributes.
+  uint8_t signature_bits;
+  const char* doc;
+};
+
+enum OpFlags : uint32_t {
+  kOpInPlace = 1u << 0,     // writes an input: never retried after an error
+  kOpNoAlias = 1u << 1,     // outputs may not overlap inputs or each other
+  kOpContiguous = 1u << 2,  // every tensor must be compact row-major
+};
+
+struct CallArgs {
+  const DLTensor* const* inputs;
+  int32_t num_inputs;
+  DLTensor* const* outputs;
+  int32_t num_outputs;
+  const void* attrs;  // normalised: full size, defaults filled
+};
+
+struct OpSchema;
+// Checks relations between shapes (generic checks already passed). Returns an
+// error status naming op, argument and expectation, or NULL.
+using ShapeCheckFn = tefl_status* (*)(const OpSchema& op, const CallArgs& args);
+
+struct OpSchema {
+  int32_t id;
+  const char* name;
+  const char* family;
+  const char* doc;
+  std::span<const ArgSchema> inputs;
+  std::span<const ArgSchema> outputs;
+  std::span<const AttrSchema> attrs;
+  size_t attrs_size;           // the host's full struct size
+  const void* attrs_defaults;  // a full struct with defaults
+  uint32_t flags;
+  ShapeCheckFn check_shapes;
+  std::span<const char* const> aliases;
+};
+
+constexpr int kMaxOpArgs = 15;  // signature key capacity (inputs + outputs)
+
+std::span<const OpSchema> AllOps();
+const OpSchema* FindOp(int32_t op_id);
+// By name or alias (rope_fwd -> fused_rope_forward); NULL if unknown.
+const OpSchema* FindOp(std::string_view name);
+
+// Per family (one file each).
+std::span<const OpSchema> NormalizationSchemas();
+
+}  // namespace tefl
+
+#endif  // TEFL_SRC_CORE_CATALOGUE_H_

@@ -1,0 +1,70 @@
+#include "core/device.h"
+
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+
+namespace tefl {
+namespace {
+
+struct RuntimeRecord {
+  tefl_device_runtime table;
+  std::string name;
+};
+std::atomic<const RuntimeRecord*> g_runtimes[kMaxDeviceTypes];
+std::mutex g_mu;
+
+}  // namespace
+
+const tefl_device_runtime* DeviceRuntime(int32_t device_type) {
+  if (device_type < 0 || device_type >= kMaxDeviceTypes) return nullptr;
+  const RuntimeRecord* r = g_runtimes[device_type].load(std::memory_order_acquire);
+  return r ? &r->table : nullptr;
+}
+
+tefl_status* RegisterDeviceRuntime(const tefl_device_runtime* runtime) {
+  if (runtime == nullptr || runtime->struct_size < offsetof(tefl_device_runtime, name) + sizeof(char*))
+    return tefl_status_new(TEFL_INVALID_ARGUMENT, "device runtime: struct too small");
+  const int32_t type = runtime->device_type;
+  if (type < 0 || type >= kMaxDeviceTypes)
+    return tefl_status_new(TEFL_INVALID_ARGUMENT, "device runtime: device_type out of range");
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (const RuntimeRecord* existing = g_runtimes[type].load()) {
+    const char* name = runtime->name ? runtime->name : "";
+    if (existing->name == name) return nullptr;  // same runtime again: no-op
+    return tefl_status_new(TEFL_ALREADY_EXISTS,
+                           ("device runtime for type " + std::to_string(type) +
+                            " already registered as '" + existing->name + "'")
+                               .c_str());
+  }
+  auto record = std::make_unique<RuntimeRecord>();
+  std::memset(&record->table, 0, sizeof(record->table));
+  std::memcpy(&record->table, runtime, std::min(runtime->struct_size, sizeof(tefl_device_runtime)));
+  record->table.struct_size = sizeof(tefl_device_runtime);
+  record->name = runtime->name ? runtime->name : "";
+  record->table.name = record->name.c_str();
+  g_runtimes[type].store(record.release(), std::memory_order_release);  // never freed
+  return nullptr;
+}
+
+const char* DeviceTypeName(int32_t device_type) {
+  if (const tefl_device_runtime* rt = DeviceRuntime(device_type); rt && rt->name) return rt->name;
+  switch (device_type) {
+    case kDLCPU: return "cpu";
+    case kDLCUDA: return "cuda";
+    case kDLCUDAHost: return "cuda_host";
+    case kDLOpenCL: return "opencl";
+    case kDLVulkan: return "vulkan";
+    case kDLMetal: return "metal";
+    case kDLVPI: return "vpi";
+    case kDLROCM: return "rocm";
+    case kDLROCMHost: return "rocm_host";
+    case kDLExtDev: return "ext_dev";
+    case kDLCUDAManaged: return "cuda_managed";
+    default: return "device";
+  }
+}
+
+}  // namespace tefl

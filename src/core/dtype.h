@@ -1,0 +1,199 @@
+// Internal dtype helpers: a compact dtype index for DLDataType, names, sizes,
+// and exact scalar conversions between float and fp16 / bf16 (round to
+// nearest even, NaN preserved). Used by validation, the reference backend and
+// the scalar tails of vector kernels.
+#ifndef TEFL_SRC_CORE_DTYPE_H_
+#define TEFL_SRC_CORE_DTYPE_H_
+
+#include <cstdint>
+#include <cstring>
+
+#include "tefl/tefl.h"
+
+namespace tefl {
+
+// Compact dtype index used in signatures and dtype sets (bit i = DType i).
+enum class DType : uint8_t {
+  kF32 = 0,
+  kF16 = 1,
+  kBF16 = 2,
+  kF64 = 3,
+  kE4M3 = 4,
+  kE5M2 = 5,
+  kE8M0 = 6,
+  kE2M1 = 7,
+  kI8 = 8,
+  kU8 = 9,
+  kI16 = 10,
+  kI32 = 11,
+  kI64 = 12,
+  kBool = 13,
+  kUnknown = 15,
+};
+using DTypeSet = uint16_t;
+constexpr DTypeSet Bit(DType t) { return DTypeSet(1u << unsigned(t)); }
+constexpr DTypeSet kFloatTypes = Bit(DType::kF32) | Bit(DType::kF16) | Bit(DType::kBF16);
+
+inline DType DTypeOf(DLDataType t) {
+  if (t.lanes != 1) return DType::kUnknown;
+  switch (t.code) {
+    case kDLFloat:
+      return t.bits == 32 ? DType::kF32 : t.bits == 16 ? DType::kF16 : t.bits == 64 ? DType::kF64 : DType::kUnknown;
+    case kDLBfloat:
+      return t.bits == 16 ? DType::kBF16 : DType::kUnknown;
+    case kDLInt:
+      return t.bits == 8 ? DType::kI8 : t.bits == 16 ? DType::kI16 : t.bits == 32 ? DType::kI32 : t.bits == 64 ? DType::kI64 : DType::kUnknown;
+    case kDLUInt:
+      return t.bits == 8 ? DType::kU8 : DType::kUnknown;
+    case TEFL_DL_BOOL:
+      return t.bits == 8 ? DType::kBool : DType::kUnknown;
+    case TEFL_DL_FLOAT8_E4M3FN:
+      return t.bits == 8 ? DType::kE4M3 : DType::kUnknown;
+    case TEFL_DL_FLOAT8_E5M2:
+      return t.bits == 8 ? DType::kE5M2 : DType::kUnknown;
+    case TEFL_DL_FLOAT8_E8M0FNU:
+      return t.bits == 8 ? DType::kE8M0 : DType::kUnknown;
+    case TEFL_DL_FLOAT4_E2M1FN:
+      return t.bits == 4 ? DType::kE2M1 : DType::kUnknown;
+    default:
+      return DType::kUnknown;
+  }
+}
+
+inline DLDataType DLTypeOf(DType t) {
+  switch (t) {
+    case DType::kF32: return {kDLFloat, 32, 1};
+    case DType::kF16: return {kDLFloat, 16, 1};
+    case DType::kBF16: return {kDLBfloat, 16, 1};
+    case DType::kF64: return {kDLFloat, 64, 1};
+    case DType::kE4M3: return {TEFL_DL_FLOAT8_E4M3FN, 8, 1};
+    case DType::kE5M2: return {TEFL_DL_FLOAT8_E5M2, 8, 1};
+    case DType::kE8M0: return {TEFL_DL_FLOAT8_E8M0FNU, 8, 1};
+    case DType::kE2M1: return {TEFL_DL_FLOAT4_E2M1FN, 4, 1};
+    case DType::kI8: return {kDLInt, 8, 1};
+    case DType::kU8: return {kDLUInt, 8, 1};
+    case DType::kI16: return {kDLInt, 16, 1};
+    case DType::kI32: return {kDLInt, 32, 1};
+    case DType::kI64: return {kDLInt, 64, 1};
+    case DType::kBool: return {TEFL_DL_BOOL, 8, 1};
+    default: return {0, 0, 0};
+  }
+}
+
+// Short names as TE-FL / torch users know them.
+inline const char* DTypeName(DType t) {
+  switch (t) {
+    case DType::kF32: return "float32";
+    case DType::kF16: return "float16";
+    case DType::kBF16: return "bfloat16";
+    case DType::kF64: return "float64";
+    case DType::kE4M3: return "float8_e4m3fn";
+    case DType::kE5M2: return "float8_e5m2";
+    case DType::kE8M0: return "float8_e8m0fnu";
+    case DType::kE2M1: return "float4_e2m1fn";
+    case DType::kI8: return "int8";
+    case DType::kU8: return "uint8";
+    case DType::kI16: return "int16";
+    case DType::kI32: return "int32";
+    case DType::kI64: return "int64";
+    case DType::kBool: return "bool";
+    default: return "unknown";
+  }
+}
+
+// ---- Scalar conversions ---------------------------------------------------
+inline uint32_t FloatBits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float BitsFloat(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline float BF16ToFloat(uint16_t h) { return BitsFloat(uint32_t(h) << 16); }
+
+// Round to nearest even; NaN stays a (quiet) NaN.
+inline uint16_t FloatToBF16(float f) {
+  uint32_t u = FloatBits(f);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return uint16_t((u >> 16) | 0x0040u);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+inline float F16ToFloat(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1Fu;
+  const uint32_t man = h & 0x3FFu;
+  if (exp == 0) {
+    // zero or subnormal: man * 2^-24, exact in float
+    float v = float(man) * 5.9604644775390625e-8f;
+    return BitsFloat(FloatBits(v) | sign);
+  }
+  if (exp == 31) return BitsFloat(sign | 0x7F800000u | (man << 13) | (man ? 0x400000u : 0u));
+  return BitsFloat(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+// Round to nearest even, overflow to inf, NaN preserved.
+inline uint16_t FloatToF16(float f) {
+  const uint32_t u = FloatBits(f);
+  const uint16_t sign = uint16_t((u >> 16) & 0x8000u);
+  const uint32_t a = u & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) return uint16_t(sign | 0x7E00u | ((a >> 13) & 0x3FFu));
+  if (a >= 0x477FF000u) return uint16_t(sign | 0x7C00u);  // rounds to >= 65520 -> inf
+  if (a < 0x38800000u) {                                   // below 2^-14: subnormal or zero
+    // value * 2^24 rounded to nearest even integer gives the subnormal mantissa.
+    const float scaled = BitsFloat(a) * 16777216.0f;  // exact (power of two)
+    // nearbyint with default rounding mode (to nearest even)
+    const float r = __builtin_nearbyintf(scaled);
+    return uint16_t(sign | uint16_t(r));
+  }
+  uint32_t rounded = a + 0xFFFu + ((a >> 13) & 1u);
+  return uint16_t(sign | uint16_t((rounded - 0x38000000u) >> 13));
+}
+
+// Element loads/stores for the float dtypes (fp32, fp16, bf16).
+inline float LoadAsFloat(const void* base, int64_t i, DType t) {
+  switch (t) {
+    case DType::kF32: return static_cast<const float*>(base)[i];
+    case DType::kF16: return F16ToFloat(static_cast<const uint16_t*>(base)[i]);
+    case DType::kBF16: return BF16ToFloat(static_cast<const uint16_t*>(base)[i]);
+    case DType::kF64: return float(static_cast<const double*>(base)[i]);
+    default: return __builtin_nanf("");
+  }
+}
+inline void StoreFromFloat(void* base, int64_t i, DType t, float v) {
+  switch (t) {
+    case DType::kF32: static_cast<float*>(base)[i] = v; break;
+    case DType::kF16: static_cast<uint16_t*>(base)[i] = FloatToF16(v); break;
+    case DType::kBF16: static_cast<uint16_t*>(base)[i] = FloatToBF16(v); break;
+    case DType::kF64: static_cast<double*>(base)[i] = double(v); break;
+    default: break;
+  }
+}
+// Rounds a double once to the dtype (no double rounding through float for
+// fp32; for fp16/bf16 the float step is exact enough for TE's tolerances).
+inline void StoreFromDouble(void* base, int64_t i, DType t, double v) {
+  if (t == DType::kF64) {
+    static_cast<double*>(base)[i] = v;
+    return;
+  }
+  StoreFromFloat(base, i, t, float(v));
+}
+
+// Pointer to element 0 of a tensor (data + byte_offset).
+inline void* DataPtr(const DLTensor* t) {
+  return t ? static_cast<char*>(t->data) + t->byte_offset : nullptr;
+}
+
+inline int64_t NumElements(const DLTensor* t) {
+  int64_t n = 1;
+  for (int i = 0; i < t->ndim; ++i) n *= t->shape[i];
+  return n;
+}
+
+}  // namespace tefl
+
+#endif  // TEFL_SRC_CORE_DTYPE_H_

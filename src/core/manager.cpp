@@ -1,0 +1,486 @@
+// OpManager: validate → resolve (cached per call signature) → call → fallback.
+//
+// Hot path (a signature seen before under the same policy and epoch): the
+// schema check, the signature key, one probe of this thread's direct-mapped
+// cache and an indirect call. No lock, no allocation, no string work, no
+// getenv. Chains and implementation records are immutable and never freed
+// while the manager lives (chains are interned by content, so their number is
+// bounded by the distinct orders actually produced).
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <set>
+#include <unordered_map>
+
+#include "backends/backends.h"
+#include "core/catalogue.h"
+#include "core/device.h"
+#include "core/logging.h"
+#include "core/policy_state.h"
+#include "core/registry.h"
+#include "core/validate.h"
+
+namespace tefl {
+
+// An ordered candidate chain, or the reason there is none.
+struct Chain {
+  std::vector<const ImplRecord*> impls;
+  bool strict = false;
+  int32_t error_code = TEFL_OK;
+  std::string error;
+};
+
+struct CacheEntry {
+  SigKey key;
+  uint64_t manager_serial;
+  uint64_t epoch;
+  uint32_t policy_id;
+  const Chain* chain;
+};
+constexpr size_t kCacheSlots = 256;
+struct DispatchCache {
+  CacheEntry entries[kCacheSlots];
+};
+
+namespace {
+
+std::atomic<uint64_t> g_manager_serial{1};
+
+// Frees this thread's cache at thread exit. Only touched when a cache is
+// created, so the hot path never runs its TLS guard.
+struct CacheOwner {
+  ~CacheOwner() {
+    delete t_thread_state.cache;
+    t_thread_state.cache = nullptr;
+  }
+};
+
+DispatchCache* ThreadCache() {
+  DispatchCache* c = t_thread_state.cache;
+  if (c == nullptr) {
+    static thread_local CacheOwner owner;
+    (void)owner;
+    c = new DispatchCache();  // value-initialised: all chains NULL
+    t_thread_state.cache = c;
+  }
+  return c;
+}
+
+std::string ImplLabel(const OpImpl& impl) {
+  return fmt::format("'{}' (kind={}, vendor={})", impl.impl_id, KindName(impl.kind),
+                     impl.vendor.empty() ? "None" : impl.vendor);
+}
+
+std::string OrderString(const std::vector<PolicyToken>& order) {
+  std::string s;
+  for (size_t i = 0; i < order.size(); ++i) s += (i ? "|" : "") + order[i].ToString();
+  return s;
+}
+
+struct ResolvedCandidates {
+  std::vector<CandidateReport> reports;      // every registered impl
+  std::vector<const ImplRecord*> chain;      // ordered, accepted
+  const ImplRecord* strict_first = nullptr;  // first in policy order (strict)
+  std::string strict_reason;                 // why strict_first declined
+  std::string error;
+};
+
+}  // namespace
+
+struct OpManager::Rep {
+  OpRegistry* registry = nullptr;
+  std::unique_ptr<OpRegistry> owned;
+  const uint64_t serial = g_manager_serial.fetch_add(1);
+  std::once_flag init_once;
+  std::atomic<bool> initialized{false};
+
+  std::mutex mu;  // guards everything below
+  std::map<std::tuple<std::vector<const ImplRecord*>, bool, int32_t, std::string>, std::unique_ptr<Chain>> chains;
+  struct Resolved {
+    uint64_t epoch;
+    const Chain* chain;
+  };
+  struct FullKey {
+    SigKey key;
+    uint32_t policy_id;
+    bool operator==(const FullKey& o) const { return key == o.key && policy_id == o.policy_id; }
+  };
+  struct FullKeyHash {
+    size_t operator()(const FullKey& k) const { return size_t(k.key.Hash() ^ (uint64_t(k.policy_id) << 17)); }
+  };
+  std::unordered_map<FullKey, Resolved, FullKeyHash> resolved;
+  std::unordered_map<SigKey, std::vector<const ImplRecord*>, SigKeyHash> demoted;
+  std::set<std::pair<SigKey, const ImplRecord*>, bool (*)(const std::pair<SigKey, const ImplRecord*>&,
+                                                         const std::pair<SigKey, const ImplRecord*>&)>
+      fallback_logged{[](const auto& a, const auto& b) {
+        if (a.second != b.second) return a.second < b.second;
+        return std::lexicographical_compare(a.first.w, a.first.w + 5, b.first.w, b.first.w + 5);
+      }};
+
+  // Last implementation that ran each op (announced at INFO when it changes).
+  std::array<std::atomic<const ImplRecord*>, TEFL_OP_COUNT_> last_used{};
+
+  const Chain* InternChain(Chain c) {
+    auto k = std::make_tuple(c.impls, c.strict, c.error_code, c.error);
+    auto it = chains.find(k);
+    if (it != chains.end()) return it->second.get();
+    auto owned_chain = std::make_unique<Chain>(std::move(c));
+    const Chain* out = owned_chain.get();
+    chains.emplace(std::move(k), std::move(owned_chain));
+    return out;
+  }
+
+  ResolvedCandidates ResolveCandidates(const OpSchema& op, const tefl_call_frame& frame, const SigKey& key,
+                                       const PolicyRecord& policy, int32_t device_type);
+  const Chain* Resolve(const OpSchema& op, const tefl_call_frame& frame, const SigKey& key,
+                       const PolicyRecord& policy, uint64_t epoch, int32_t device_type, const std::string& sig);
+  void Demote(const OpSchema& op, const SigKey& key, const ImplRecord* impl, const std::string& why,
+              const std::string& sig);
+  void NoteFallback(const OpSchema& op, const SigKey& key, const ImplRecord* impl, const std::string& sig,
+                    const std::string& reasons);
+};
+
+ResolvedCandidates OpManager::Rep::ResolveCandidates(const OpSchema& op, const tefl_call_frame& frame,
+                                                     const SigKey& key, const PolicyRecord& policy,
+                                                     int32_t device_type) {
+  ResolvedCandidates out;
+  const std::vector<PolicyToken>& order = policy.order_by_op[size_t(op.id)];
+  const std::vector<const ImplRecord*> impls = registry->rep()->ImplsOf(op.id);
+  std::vector<const ImplRecord*> demoted_here;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = demoted.find(key);
+    if (it != demoted.end()) demoted_here = it->second;
+  }
+  struct Ranked {
+    const ImplRecord* rec;
+    size_t token;
+    size_t report;
+  };
+  std::vector<Ranked> ranked;
+  for (const ImplRecord* r : impls) {
+    const OpImpl& impl = r->impl;
+    CandidateReport rep{impl.impl_id, impl.kind, impl.vendor, impl.priority, false, false, ""};
+    if (impl.kind == BackendImplKind::VENDOR && !policy.policy.IsVendorAllowed(impl.vendor)) {
+      std::string v = impl.vendor;
+      std::transform(v.begin(), v.end(), v.begin(), ::tolower);
+      rep.reason = policy.policy.deny_vendors().count(v)
+                       ? fmt::format("vendor '{}' is denied (TE_FL_DENY_VENDORS)", impl.vendor)
+                       : fmt::format("vendor '{}' is not in the allowed vendors (TE_FL_ALLOW_VENDORS)", impl.vendor);
+    } else if (!(device_type >= 0 && device_type < 64 && (impl.device_mask >> device_type) & 1)) {
+      rep.reason = fmt::format("does not serve device type {}", DeviceTypeName(device_type));
+    } else {
+      size_t t = 0;
+      while (t < order.size() && !MatchToken(impl, order[t])) ++t;
+      if (t == order.size()) {
+        rep.reason = fmt::format("matches no token of the order {}", OrderString(order));
+      } else {
+        ranked.push_back({r, t, out.reports.size()});
+      }
+    }
+    out.reports.push_back(std::move(rep));
+  }
+  std::stable_sort(ranked.begin(), ranked.end(), [](const Ranked& a, const Ranked& b) {
+    if (a.token != b.token) return a.token < b.token;
+    if (a.rec->impl.priority != b.rec->impl.priority) return a.rec->impl.priority > b.rec->impl.priority;
+    return a.rec->impl.impl_id < b.rec->impl.impl_id;
+  });
+  // A demoted implementation goes last (in demotion order) for this signature.
+  if (!demoted_here.empty()) {
+    std::vector<Ranked> reordered;
+    for (const Ranked& r : ranked)
+      if (std::find(demoted_here.begin(), demoted_here.end(), r.rec) == demoted_here.end()) reordered.push_back(r);
+    for (const ImplRecord* d : demoted_here)
+      for (const Ranked& r : ranked)
+        if (r.rec == d) reordered.push_back(r);
+    ranked = std::move(reordered);
+  }
+  const bool strict = policy.policy.strict();
+  for (const Ranked& r : ranked) {
+    CandidateReport& rep = out.reports[r.report];
+    rep.demoted = std::find(demoted_here.begin(), demoted_here.end(), r.rec) != demoted_here.end();
+    const OpImpl& impl = r.rec->impl;
+    if (strict && out.strict_first != nullptr) {
+      rep.reason = "not tried: strict mode (TE_FL_STRICT) uses only the first candidate";
+      continue;
+    }
+    bool ok = true;
+    if (impl.supports) {
+      char why[512] = {0};
+      ok = impl.supports(&frame, impl.user_data, why, sizeof(why)) != 0;
+      why[sizeof(why) - 1] = '\0';
+      if (!ok) rep.reason = fmt::format("supports() declined: {}", why[0] ? why : "(no reason given)");
+    }
+    if (strict) {
+      out.strict_first = r.rec;
+      if (!ok) out.strict_reason = rep.reason;
+    }
+    if (ok) {
+      rep.accepted = true;
+      out.chain.push_back(r.rec);
+    }
+  }
+  if (strict && out.strict_first && !out.strict_reason.empty()) {
+    out.chain.clear();
+    out.error = fmt::format("{}: strict mode (TE_FL_STRICT=1): the first candidate {} cannot run: {}", op.name,
+                            ImplLabel(out.strict_first->impl), out.strict_reason);
+  } else if (out.chain.empty()) {
+    std::string reasons;
+    for (const CandidateReport& rep : out.reports) reasons += fmt::format("; '{}': {}", rep.impl_id, rep.reason);
+    out.error = impls.empty() ? fmt::format("{}: no implementation is registered", op.name)
+                              : fmt::format("{}: no implementation can serve this call{}", op.name, reasons);
+  }
+  (void)key;
+  return out;
+}
+
+const Chain* OpManager::Rep::Resolve(const OpSchema& op, const tefl_call_frame& frame, const SigKey& key,
+                                     const PolicyRecord& policy, uint64_t epoch, int32_t device_type,
+                                     const std::string& sig) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = resolved.find(FullKey{key, policy.id});
+    if (it != resolved.end() && it->second.epoch == epoch) return it->second.chain;
+  }
+  // supports() is vendor code: run it without holding the manager's lock.
+  ResolvedCandidates rc = ResolveCandidates(op, frame, key, policy, device_type);
+  Chain chain;
+  chain.impls = rc.chain;
+  chain.strict = policy.policy.strict();
+  if (!rc.error.empty()) {
+    chain.error_code = policy.policy.strict() ? TEFL_FAILED_PRECONDITION : TEFL_UNSUPPORTED;
+    chain.error = rc.error;
+  }
+  if (VerboseFlagsNow() & kVerboseDispatch) {
+    VerboseLine(fmt::format("dispatch,{},resolve,{},policy={},order={}", op.name, sig, policy.policy.Fingerprint(),
+                            OrderString(policy.order_by_op[size_t(op.id)])));
+    for (const CandidateReport& r : rc.reports) {
+      VerboseLine(fmt::format("dispatch,{},candidate,{},{}{}{}", op.name, r.impl_id,
+                              r.accepted ? "accepted" : "rejected", r.demoted ? ",demoted" : "",
+                              r.reason.empty() ? "" : "," + r.reason));
+    }
+    std::string ids;
+    for (const ImplRecord* r : chain.impls) ids += (ids.empty() ? "" : "|") + r->impl.impl_id;
+    VerboseLine(fmt::format("dispatch,{},chain,{}", op.name, chain.error.empty() ? ids : "error: " + chain.error));
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  const Chain* interned = InternChain(std::move(chain));
+  resolved[FullKey{key, policy.id}] = Resolved{epoch, interned};
+  return interned;
+}
+
+void OpManager::Rep::Demote(const OpSchema& op, const SigKey& key, const ImplRecord* impl, const std::string& why,
+                            const std::string& sig) {
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto& list = demoted[key];
+    if (std::find(list.begin(), list.end(), impl) == list.end()) {
+      list.push_back(impl);
+      first = true;
+    }
+  }
+  if (first) {
+    TEFL_LOG(WARNING, "Op '{}' implementation {} failed for ({}): {}; demoted for this signature, falling back",
+             op.name, ImplLabel(impl->impl), sig, why);
+    BumpPolicyEpoch();  // every thread re-resolves this signature
+  }
+}
+
+void OpManager::Rep::NoteFallback(const OpSchema& op, const SigKey& key, const ImplRecord* impl,
+                                  const std::string& sig, const std::string& reasons) {
+  bool first;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    first = fallback_logged.insert({key, impl}).second;
+  }
+  const int level = first ? TEFL_LOG_INFO : TEFL_LOG_DEBUG;
+  if (LogEnabled(level)) {
+    LogLine(level, __FILE__, __LINE__,
+            fmt::format("Op '{}' fell back to {} for ({}){}", op.name, ImplLabel(impl->impl), sig, reasons));
+  }
+}
+
+OpManager::OpManager(OpRegistry* registry) : rep_(std::make_unique<Rep>()) {
+  if (registry == nullptr) {
+    rep_->owned = std::make_unique<OpRegistry>();
+    registry = rep_->owned.get();
+  }
+  rep_->registry = registry;
+}
+
+OpManager::~OpManager() = default;
+
+OpRegistry& OpManager::registry() { return *rep_->registry; }
+
+namespace {
+// Registers built-ins, keeping impl ids already present (a user may have
+// registered an implementation with a built-in's id on purpose).
+tefl_status* RegisterKeepingExisting(void* ctx, const tefl_impl_desc* desc) {
+  OpRegistry* registry = static_cast<OpRegistry*>(ctx);
+  Status s = registry->RegisterImpl(OpImpl::FromDesc(*desc));
+  if (s.code() == TEFL_ALREADY_EXISTS) return nullptr;
+  return s.ToC();
+}
+}  // namespace
+
+void OpManager::EnsureInitialized() {
+  std::call_once(rep_->init_once, [this] {
+    RegisterCpuRuntime();
+    OpRegistry* registry = rep_->registry;
+    bool need_builtins;
+    {
+      std::lock_guard<std::mutex> lock(registry->rep()->mu);
+      need_builtins = !registry->rep()->builtins_registered;
+      registry->rep()->builtins_registered = true;
+    }
+    if (need_builtins) {
+      tefl_registrar r = registry->Registrar();
+      r.register_impl = RegisterKeepingExisting;
+      Status s = Status::FromC(backends::RegisterBuiltinBackends(r));
+      if (!s.ok()) TEFL_LOG(ERROR, "Registering the built-in backends failed: {}", s.ToString());
+    }
+    std::string ids;
+    for (const std::string& id : registry->ImplIds()) ids += (ids.empty() ? "'" : ", '") + id + "'";
+    TEFL_LOG(INFO, "Registered impl_ids: [{}]", ids);
+    rep_->initialized.store(true, std::memory_order_release);
+  });
+}
+
+Status OpManager::Call(std::string_view op_name, std::span<const DLTensor* const> inputs,
+                       std::span<DLTensor* const> outputs, const void* attrs, void* stream) {
+  const OpSchema* op = FindOp(op_name);
+  if (op == nullptr) return Status(TEFL_NOT_FOUND, "unknown op '" + std::string(op_name) + "'");
+  return Call(op->id, inputs, outputs, attrs, stream);
+}
+
+Status OpManager::Call(int32_t op_id, std::span<const DLTensor* const> inputs, std::span<DLTensor* const> outputs,
+                       const void* attrs_in, void* stream) {
+  const OpSchema* op = FindOp(op_id);
+  if (op == nullptr) return Status(TEFL_NOT_FOUND, fmt::format("unknown op id {}", op_id));
+  if (!rep_->initialized.load(std::memory_order_acquire)) EnsureInitialized();
+
+  alignas(16) char attr_buffer[kMaxAttrsSize];
+  tefl_status* error = nullptr;
+  const void* attrs = NormalizeAttrs(*op, attrs_in, attr_buffer, &error);
+  if (error) return Status::FromC(error);
+  const CallArgs args{inputs.data(), int32_t(inputs.size()), outputs.data(), int32_t(outputs.size()), attrs};
+  SigKey key;
+  if (tefl_status* e = ValidateCall(*op, args, &key)) return Status::FromC(e);
+
+  const tefl_call_frame frame{sizeof(tefl_call_frame), op->name, op->id, args.num_inputs, args.inputs,
+                              args.num_outputs, args.outputs, attrs, stream, tefl_host()};
+  const PolicyRecord* policy = EffectivePolicy();
+  const uint64_t epoch = g_policy_epoch.load(std::memory_order_acquire);
+  CacheEntry& slot = ThreadCache()->entries[key.Hash() & (kCacheSlots - 1)];
+  const Chain* chain;
+  if (slot.chain != nullptr && slot.key == key && slot.manager_serial == rep_->serial && slot.epoch == epoch &&
+      slot.policy_id == policy->id) {
+    chain = slot.chain;
+  } else {
+    const int32_t device_type = int32_t((key.w[0] >> 32) & 0xFF);
+    chain = rep_->Resolve(*op, frame, key, *policy, epoch, device_type, DescribeCall(*op, args, false));
+    slot = CacheEntry{key, rep_->serial, epoch, policy->id, chain};
+  }
+  if (!chain->error.empty()) return Status(chain->error_code, chain->error);
+
+  const bool exec_verbose = (VerboseFlagsNow() & kVerboseExec) != 0;
+  std::string failures;  // only built when an implementation declines or fails
+  for (size_t i = 0; i < chain->impls.size(); ++i) {
+    const ImplRecord* r = chain->impls[i];
+    std::chrono::steady_clock::time_point t0;
+    if (exec_verbose) t0 = std::chrono::steady_clock::now();
+    tefl_status* st = r->impl.kernel(&frame, r->impl.user_data);
+    if (st == nullptr) {
+      if (exec_verbose) {
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        VerboseLine(fmt::format("exec,{},{},{},{:.4f} ms", op->name, r->impl.impl_id, DescribeCall(*op, args, true), ms));
+      }
+      if (rep_->last_used[size_t(op->id)].load(std::memory_order_relaxed) != r) {
+        rep_->last_used[size_t(op->id)].store(r, std::memory_order_relaxed);
+        TEFL_LOG(INFO, "Op '{}' using {}", op->name, ImplLabel(r->impl));
+      }
+      if (i > 0) rep_->NoteFallback(*op, key, r, DescribeCall(*op, args, false), failures);
+      return Status::OK();
+    }
+    const int32_t code = tefl_status_code_of(st);
+    const std::string message = tefl_status_message(st);
+    tefl_status_free(st);
+    if (code == TEFL_UNSUPPORTED) {
+      TEFL_LOG(DEBUG, "Op '{}' implementation '{}' declined: {}", op->name, r->impl.impl_id, message);
+      failures += fmt::format("; '{}' declined: {}", r->impl.impl_id, message);
+      if (chain->strict) {
+        return Status(TEFL_FAILED_PRECONDITION,
+                      fmt::format("{}: strict mode (TE_FL_STRICT=1): the first candidate {} declined: {}", op->name,
+                                  ImplLabel(r->impl), message));
+      }
+      continue;
+    }
+    if (chain->strict) {
+      return Status(code, fmt::format("{}: strict mode (TE_FL_STRICT=1): {} failed: {}", op->name,
+                                      ImplLabel(r->impl), message));
+    }
+    if (op->flags & kOpInPlace) {
+      return Status(code, fmt::format("{}: {} failed: {} (in-place op: not retried, outputs may be modified)",
+                                      op->name, ImplLabel(r->impl), message));
+    }
+    failures += fmt::format("; '{}' failed: {}", r->impl.impl_id, message);
+    rep_->Demote(*op, key, r, message, DescribeCall(*op, args, false));
+  }
+  return Status(TEFL_UNSUPPORTED, fmt::format("{}: no implementation accepted the call{}", op->name, failures));
+}
+
+Resolution OpManager::Explain(int32_t op_id, std::span<const DLTensor* const> inputs,
+                              std::span<DLTensor* const> outputs, const void* attrs_in) {
+  Resolution res;
+  const OpSchema* op = FindOp(op_id);
+  if (op == nullptr) {
+    res.error = fmt::format("unknown op id {}", op_id);
+    return res;
+  }
+  EnsureInitialized();
+  res.op_name = op->name;
+  const PolicyRecord* policy = EffectivePolicy();
+  res.policy = policy->policy.Fingerprint();
+  for (const PolicyToken& t : policy->order_by_op[size_t(op->id)]) res.order.push_back(t.ToString());
+  alignas(16) char attr_buffer[kMaxAttrsSize];
+  tefl_status* error = nullptr;
+  const void* attrs = NormalizeAttrs(*op, attrs_in, attr_buffer, &error);
+  if (error) {
+    res.error = Status::FromC(error).message();
+    return res;
+  }
+  const CallArgs args{inputs.data(), int32_t(inputs.size()), outputs.data(), int32_t(outputs.size()), attrs};
+  SigKey key;
+  if (tefl_status* e = ValidateCall(*op, args, &key)) {
+    res.error = Status::FromC(e).message();
+    return res;
+  }
+  res.signature = DescribeCall(*op, args, false);
+  const tefl_call_frame frame{sizeof(tefl_call_frame), op->name, op->id, args.num_inputs, args.inputs,
+                              args.num_outputs, args.outputs, attrs, nullptr, tefl_host()};
+  ResolvedCandidates rc = rep_->ResolveCandidates(*op, frame, key, *policy, int32_t((key.w[0] >> 32) & 0xFF));
+  res.candidates = std::move(rc.reports);
+  for (const ImplRecord* r : rc.chain) res.chain.push_back(r->impl.impl_id);
+  res.error = rc.error;
+  return res;
+}
+
+std::string OpManager::GetSelectedImplId(std::string_view op_name) const {
+  const OpSchema* op = FindOp(op_name);
+  if (op == nullptr) return "";
+  const ImplRecord* r = rep_->last_used[size_t(op->id)].load(std::memory_order_relaxed);
+  return r ? r->impl.impl_id : "";
+}
+
+OpRegistry& GetDefaultRegistry() {
+  static OpRegistry* registry = new OpRegistry();  // never destroyed: usable during exit
+  return *registry;
+}
+
+OpManager& GetDefaultManager() {
+  static OpManager* manager = new OpManager(&GetDefaultRegistry());
+  return *manager;
+}
+
+}  // namespace tefl

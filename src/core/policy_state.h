@@ -1,0 +1,45 @@
+// Process-wide policy state behind the public policy functions: interned
+// policy records (never freed, so the hot path can hold raw pointers), the
+// global policy, the epoch, and the per-thread state (scoped override and the
+// dispatch cache).
+#ifndef TEFL_SRC_CORE_POLICY_STATE_H_
+#define TEFL_SRC_CORE_POLICY_STATE_H_
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "tefl/tefl.hpp"
+
+namespace tefl {
+
+struct PolicyRecord {
+  uint32_t id;  // unique per distinct fingerprint
+  SelectionPolicy policy;
+  std::vector<PolicyToken> default_order;
+  std::array<std::vector<PolicyToken>, TEFL_OP_COUNT_> order_by_op;  // per-op or default
+};
+
+// Interns a policy (same fingerprint → same record).
+const PolicyRecord* InternPolicy(const SelectionPolicy& policy);
+const PolicyRecord* GlobalPolicyRecord();
+
+extern std::atomic<uint64_t> g_policy_epoch;
+
+struct DispatchCache;  // manager.cpp
+// Plain-old-data so the thread_local needs no guard on access.
+struct ThreadState {
+  const PolicyRecord* override_policy;
+  DispatchCache* cache;
+};
+extern thread_local ThreadState t_thread_state;
+
+inline const PolicyRecord* EffectivePolicy() {
+  const PolicyRecord* p = t_thread_state.override_policy;
+  return p ? p : GlobalPolicyRecord();
+}
+
+}  // namespace tefl
+
+#endif  // TEFL_SRC_CORE_POLICY_STATE_H_

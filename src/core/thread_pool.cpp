@@ -1,0 +1,147 @@
+#include "core/thread_pool.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace tefl {
+namespace {
+
+class Pool {
+ public:
+  explicit Pool(int size) : size_(size) {
+    for (int i = 1; i < size_; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  }
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& w : workers_) w.join();
+  }
+  int size() const { return size_; }
+
+  // Caller holds busy_. Returns when every chunk ran and no worker still
+  // references the job (it lives on this stack frame).
+  void Run(int64_t n, int64_t chunk, tefl_parallel_body_fn body, void* ctx) {
+    Job job{body, ctx, n, chunk, (n + chunk - 1) / chunk};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      job_ = &job;
+      ++generation_;
+    }
+    cv_.notify_all();
+    Work(&job);
+    std::unique_lock<std::mutex> lock(mu_);
+    job_ = nullptr;
+    done_cv_.wait(lock, [&] { return job.finished == job.chunks && job.active_workers == 0; });
+  }
+
+  std::mutex busy_;
+
+ private:
+  struct Job {
+    tefl_parallel_body_fn body;
+    void* ctx;
+    int64_t n, chunk, chunks;
+    std::atomic<int64_t> next{0};
+    int64_t finished = 0;     // guarded by mu_
+    int active_workers = 0;   // guarded by mu_
+  };
+
+  void Work(Job* job) {
+    int64_t finished = 0;
+    for (;;) {
+      const int64_t c = job->next.fetch_add(1, std::memory_order_relaxed);
+      if (c >= job->chunks) break;
+      const int64_t b = c * job->chunk;
+      job->body(job->ctx, b, std::min(job->n, b + job->chunk));
+      ++finished;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    job->finished += finished;
+    if (job->finished == job->chunks) done_cv_.notify_all();
+  }
+  void WorkerLoop() {
+    uint64_t seen = 0;
+    for (;;) {
+      Job* job = nullptr;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+        job = job_;
+        if (job == nullptr) continue;  // that job already completed
+        ++job->active_workers;
+      }
+      Work(job);
+      std::lock_guard<std::mutex> lock(mu_);
+      --job->active_workers;
+      if (job->active_workers == 0) done_cv_.notify_all();
+    }
+  }
+
+  const int size_;
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  bool stop_ = false;
+  uint64_t generation_ = 0;
+  Job* job_ = nullptr;  // the job in progress, guarded by mu_
+};
+
+int ConfiguredSize() {
+  if (const char* v = std::getenv("TEFL_NUM_THREADS"); v && *v) {
+    char* end = nullptr;
+    long n = std::strtol(v, &end, 10);
+    if (end && *end == '\0' && n >= 1 && n <= 1024) return int(n);
+  }
+  unsigned hc = std::thread::hardware_concurrency();
+  return hc ? int(hc) : 1;
+}
+
+std::mutex g_pool_mu;
+Pool* g_pool = nullptr;  // leaked at exit on purpose: workers may be mid-job
+pid_t g_pool_pid = 0;
+thread_local bool t_in_pool_job = false;
+
+Pool* GetPool() {
+  std::lock_guard<std::mutex> lock(g_pool_mu);
+  if (g_pool == nullptr || g_pool_pid != getpid()) {
+    // In a forked child the old workers do not exist: abandon that pool.
+    g_pool = new Pool(ConfiguredSize());
+    g_pool_pid = getpid();
+  }
+  return g_pool;
+}
+
+}  // namespace
+
+int ThreadPoolSize() { return GetPool()->size(); }
+
+void ParallelFor(int64_t n, int64_t grain, tefl_parallel_body_fn body, void* ctx) {
+  if (n <= 0) return;
+  grain = std::max<int64_t>(grain, 1);
+  Pool* pool = GetPool();
+  const int threads = pool->size();
+  // One contiguous chunk per thread keeps each thread streaming its own rows.
+  const int64_t chunk = std::max(grain, (n + threads - 1) / threads);
+  if (threads == 1 || chunk >= n || t_in_pool_job || !pool->busy_.try_lock()) {
+    body(ctx, 0, n);
+    return;
+  }
+  t_in_pool_job = true;
+  pool->Run(n, chunk, body, ctx);
+  t_in_pool_job = false;
+  pool->busy_.unlock();
+}
+
+}  // namespace tefl

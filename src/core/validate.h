@@ -1,0 +1,58 @@
+// Schema validation of a call and its signature key. Runs before any kernel;
+// an error names the op, the argument and what was expected, and nothing has
+// been written.
+#ifndef TEFL_SRC_CORE_VALIDATE_H_
+#define TEFL_SRC_CORE_VALIDATE_H_
+
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <string>
+
+#include "core/catalogue.h"
+
+namespace tefl {
+
+// The call signature: what supports() may depend on. Word 0: op id, device
+// type, argument count; word 1: signature attribute bits; words 2-4: per
+// tensor 12 bits (dtype 4, rank 5, contiguous 1, present 1), 5 per word.
+struct SigKey {
+  uint64_t w[5];
+  bool operator==(const SigKey& o) const {
+    return w[0] == o.w[0] && w[1] == o.w[1] && w[2] == o.w[2] && w[3] == o.w[3] && w[4] == o.w[4];
+  }
+  uint64_t Hash() const {
+    uint64_t h = w[0] * 0x9E3779B97F4A7C15ull;
+    for (int i = 1; i < 5; ++i) h = (h ^ w[i]) * 0xBF58476D1CE4E5B9ull;
+    return h ^ (h >> 31);
+  }
+};
+struct SigKeyHash {
+  size_t operator()(const SigKey& k) const { return size_t(k.Hash()); }
+};
+
+// Normalises `attrs` (NULL or any struct_size) into `buffer` when needed and
+// returns the pointer kernels get; on error returns NULL and sets *error.
+// `buffer` must hold kMaxAttrsSize bytes.
+constexpr size_t kMaxAttrsSize = 256;
+const void* NormalizeAttrs(const OpSchema& op, const void* attrs, void* buffer, tefl_status** error);
+
+// Validates the call (arity, presence, dtypes, ranks, devices, NULL data,
+// contiguity, attribute ranges, shape relations, aliasing) and fills *key.
+tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key);
+
+// Human-readable signature of a call, e.g. "x:bfloat16[8,4096] gamma:float32[4096]".
+std::string DescribeCall(const OpSchema& op, const CallArgs& args, bool with_shapes);
+// "[8, 4096]"
+std::string ShapeString(const DLTensor* t);
+
+// The (name, role, index) of positional argument i (inputs then outputs).
+const ArgSchema& ArgAt(const OpSchema& op, int i);
+const DLTensor* TensorAt(const CallArgs& args, int i);
+
+// Error helpers for shape checks: "<op>: argument '<name>' (input 1): <what>".
+tefl_status* ArgError(const OpSchema& op, int arg_index, const std::string& what);
+
+}  // namespace tefl
+
+#endif  // TEFL_SRC_CORE_VALIDATE_H_
