@@ -25,7 +25,8 @@ typedef enum tefl_op_id_value {
   TEFL_OP_RMSNORM_FWD = 2,
   /* in (dz, x, rsigma, gamma) -> out (dx, dgamma) */
   TEFL_OP_RMSNORM_BWD = 3,
-  /* in (dz, x, add, rsigma, gamma) -> out (dx = rmsnorm_bwd dx + add, dgamma) */
+  /* in (dz, x, add, rsigma, gamma) -> out (dx = rmsnorm_bwd dx + add, dgamma);
+   * dx may be exactly the tensor add (in place: never retried after an error) */
   TEFL_OP_RMSNORM_BWD_ADD = 4,
   TEFL_OP_COUNT_ = 5 /* grows as op families land; not part of the ABI */
 } tefl_op_id_value;

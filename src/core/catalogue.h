@@ -67,9 +67,16 @@ struct OpSchema {
   uint32_t flags;
   ShapeCheckFn check_shapes;
   std::span<const char* const> aliases;
+  // One output that may exactly alias one input (same data, offset, dtype,
+  // shape and strides), e.g. rmsnorm_bwd_add's dx over add. Such a call is
+  // in place: its signature says so and it is never retried after an error.
+  int8_t inplace_output = -1;  // output index, -1: none
+  int8_t inplace_input = -1;   // input index
 };
 
-constexpr int kMaxOpArgs = 15;  // signature key capacity (inputs + outputs)
+constexpr int kMaxOpArgs = 15;
+// SigKey word 0 bit set when the call writes an input (in place).
+constexpr uint64_t kSigInPlaceBit = uint64_t(1) << 48;  // signature key capacity (inputs + outputs)
 
 std::span<const OpSchema> AllOps();
 const OpSchema* FindOp(int32_t op_id);

@@ -141,8 +141,9 @@ const OpSchema kSchemas[] = {
     {TEFL_OP_RMSNORM_BWD, "rmsnorm_bwd", "normalization", "RMSNorm backward: dx, dgamma", kRmsBwdIn, kRmsBwdOut,
      kBwdAttrs, sizeof(tefl_norm_bwd_attrs), &kBwdDefaults, kNormFlags, CheckRmsNormBwd, {}},
     {TEFL_OP_RMSNORM_BWD_ADD, "rmsnorm_bwd_add", "normalization",
-     "RMSNorm backward with a residual gradient added to dx", kRmsBwdAddIn, kRmsBwdOut, kBwdAttrs,
-     sizeof(tefl_norm_bwd_attrs), &kBwdDefaults, kNormFlags, CheckRmsNormBwdAdd, {}},
+     "RMSNorm backward with a residual gradient added to dx; dx may alias add (in place)", kRmsBwdAddIn,
+     kRmsBwdOut, kBwdAttrs, sizeof(tefl_norm_bwd_attrs), &kBwdDefaults, kNormFlags, CheckRmsNormBwdAdd, {},
+     /*inplace_output=*/0, /*inplace_input=*/2},
 };
 
 }  // namespace

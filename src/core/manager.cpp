@@ -420,7 +420,7 @@ Status OpManager::Call(int32_t op_id, std::span<const DLTensor* const> inputs, s
       return Status(code, fmt::format("{}: strict mode (TE_FL_STRICT=1): {} failed: {}", op->name,
                                       ImplLabel(r->impl), message));
     }
-    if (op->flags & kOpInPlace) {
+    if ((op->flags & kOpInPlace) || (key.w[0] & kSigInPlaceBit)) {
       return Status(code, fmt::format("{}: {} failed: {} (in-place op: not retried, outputs may be modified)",
                                       op->name, ImplLabel(r->impl), message));
     }

@@ -71,6 +71,17 @@ const void* NormalizeAttrs(const OpSchema& op, const void* attrs, void* buffer, 
 
 namespace {
 
+bool ExactAlias(const DLTensor* a, const DLTensor* b) {
+  if (a->data != b->data || a->byte_offset != b->byte_offset || a->ndim != b->ndim) return false;
+  if (a->dtype.code != b->dtype.code || a->dtype.bits != b->dtype.bits || a->dtype.lanes != b->dtype.lanes) return false;
+  for (int d = 0; d < a->ndim; ++d) {
+    if (a->shape[d] != b->shape[d]) return false;
+    const int64_t sa = a->strides ? a->strides[d] : -1, sb = b->strides ? b->strides[d] : -1;
+    if (sa != sb) return false;
+  }
+  return true;
+}
+
 // Byte range [lo, hi) a tensor's elements occupy.
 void ByteRange(const DLTensor* t, int64_t numel, uintptr_t* lo, uintptr_t* hi) {
   const uintptr_t base = reinterpret_cast<uintptr_t>(t->data) + t->byte_offset;
@@ -192,6 +203,7 @@ tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key)
   if (op.check_shapes) {
     if (tefl_status* e = op.check_shapes(op, args)) return e;
   }
+  bool in_place = false;
   if (op.flags & kOpNoAlias) {
     for (int o = nin; o < n; ++o) {
       const DLTensor* out = TensorAt(args, o);
@@ -205,6 +217,10 @@ tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key)
         uintptr_t lo, hi;
         ByteRange(other, numels[i], &lo, &hi);
         if (lo < ohi && olo < hi) {
+          if (o - nin == op.inplace_output && i == op.inplace_input && ExactAlias(out, other)) {
+            in_place = true;
+            continue;
+          }
           return ArgError(op, o, fmt::format("overlaps {} in memory; {} does not work in place", ArgLabel(op, i),
                                              op.name));
         }
@@ -212,7 +228,8 @@ tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key)
     }
   }
   const int32_t device_type = first ? first->device.device_type : kDLCPU;
-  key->w[0] = uint64_t(uint32_t(op.id)) | uint64_t(uint32_t(device_type) & 0xFF) << 32 | uint64_t(n) << 40;
+  key->w[0] = uint64_t(uint32_t(op.id)) | uint64_t(uint32_t(device_type) & 0xFF) << 32 | uint64_t(n) << 40 |
+              (in_place ? kSigInPlaceBit : 0);
   key->w[1] = attr_bits;
   key->w[2] = tw[0];
   key->w[3] = tw[1];
