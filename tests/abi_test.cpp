@@ -13,7 +13,7 @@ TEST(Abi, VersionAndHostServices) {
   const tefl_host_services* host = tefl_host();
   EXPECT_EQ(host->abi_major, uint32_t(TEFL_ABI_MAJOR));
   EXPECT_EQ(host->abi_minor, uint32_t(TEFL_ABI_MINOR));
-  EXPECT_EQ(host->struct_size, sizeof(tefl_host_services));
+  EXPECT_EQ(host->struct_size, TEFL_HOST_SERVICES_STRUCT_SIZE);
   tefl_status* s = host->status_new(TEFL_RUNTIME_ERROR, "boom");
   EXPECT_EQ(host->status_code(s), TEFL_RUNTIME_ERROR);
   EXPECT_STREQ(host->status_message(s), "boom");
@@ -66,17 +66,17 @@ TEST(Abi, AttrsOfAnyStructSize) {
   struct Old {
     size_t struct_size;
     float eps;
-  } old{sizeof(Old), 0.5f};
-  static_assert(sizeof(Old) < sizeof(tefl_norm_fwd_attrs));
+  } old{TEFL_STRUCT_SIZE(Old, eps), 0.5f};
+  static_assert(TEFL_STRUCT_SIZE(Old, eps) < TEFL_NORM_FWD_ATTRS_STRUCT_SIZE);
   const auto* a = static_cast<const tefl_norm_fwd_attrs*>(NormalizeAttrs(op, &old, buffer, &err));
   ASSERT_EQ(err, nullptr);
-  EXPECT_EQ(a->struct_size, sizeof(tefl_norm_fwd_attrs));
+  EXPECT_EQ(a->struct_size, TEFL_NORM_FWD_ATTRS_STRUCT_SIZE);
   EXPECT_FLOAT_EQ(a->eps, 0.5f);
   EXPECT_EQ(a->zero_centered_gamma, 0);
   struct Newer {
     tefl_norm_fwd_attrs base;
     int64_t future_field;
-  } newer{{sizeof(Newer), 0.25f, 1, 0}, 42};
+  } newer{{TEFL_STRUCT_SIZE(Newer, future_field), 0.25f, 1, 0}, 42};
   a = static_cast<const tefl_norm_fwd_attrs*>(NormalizeAttrs(op, &newer, buffer, &err));
   ASSERT_EQ(err, nullptr);
   EXPECT_FLOAT_EQ(a->eps, 0.25f);

@@ -7,7 +7,7 @@
 
 int main(void) {
   const tefl_host_services* host = tefl_host();
-  if (host == NULL || host->abi_major != TEFL_ABI_MAJOR || host->struct_size != sizeof(tefl_host_services)) {
+  if (host == NULL || host->abi_major != TEFL_ABI_MAJOR || host->struct_size != TEFL_HOST_SERVICES_STRUCT_SIZE) {
     fprintf(stderr, "host services table wrong\n");
     return 1;
   }
@@ -24,7 +24,7 @@ int main(void) {
   DLTensor trs = {rs, {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, rss, NULL, 0};
   const DLTensor* in[2] = {&tx, &tg};
   DLTensor* out[2] = {&tz, &trs};
-  tefl_norm_fwd_attrs attrs = {sizeof(attrs), 0.0f, 0, 0};
+  tefl_norm_fwd_attrs attrs = {TEFL_NORM_FWD_ATTRS_STRUCT_SIZE, 0.0f, 0, 0};
   tefl_status* s = tefl_call(TEFL_OP_RMSNORM_FWD, in, 2, out, 2, &attrs, NULL);
   if (s != NULL) {
     fprintf(stderr, "tefl_call failed: %s\n", tefl_status_message(s));

@@ -65,7 +65,7 @@ TEST(Registry, CRegistrarCopiesTheDescriptor) {
   OpRegistry r;
   tefl_registrar reg = r.Registrar();
   std::string op = "rmsnorm_fwd", id = "vendor.c", vendor = "cvendor";
-  tefl_impl_desc d = {sizeof(d), op.c_str(), id.c_str(), TEFL_KIND_VENDOR, 7, vendor.c_str(),
+  tefl_impl_desc d = {TEFL_IMPL_DESC_STRUCT_SIZE, op.c_str(), id.c_str(), TEFL_KIND_VENDOR, 7, vendor.c_str(),
                       TEFL_DEVICE_BIT(kDLCPU), CKernel, nullptr, nullptr};
   ASSERT_EQ(reg.register_impl(reg.ctx, &d), nullptr);
   vendor = "overwritten";  // the registry must not keep the caller's pointers

@@ -5,8 +5,9 @@
  * (`tefl ops`, docs/ops.md) has the dtypes and shapes.
  *
  * Attribute structs start with struct_size and only ever grow at the end.
- * A caller passes any struct_size it was built with (or NULL attrs for all
- * defaults); kernels always receive the host's full struct. */
+ * A caller sets struct_size to the struct's TEFL_*_STRUCT_SIZE as it was
+ * built (or passes NULL attrs for all defaults); kernels always receive the
+ * host's full struct. */
 #ifndef TEFL_OPS_H_
 #define TEFL_OPS_H_
 
@@ -44,6 +45,7 @@ TEFL_STATIC_ASSERT(offsetof(tefl_norm_fwd_attrs, eps) == 8, "append-only");
 TEFL_STATIC_ASSERT(offsetof(tefl_norm_fwd_attrs, zero_centered_gamma) == 12,
                    "append-only");
 TEFL_STATIC_ASSERT(offsetof(tefl_norm_fwd_attrs, sm_margin) == 16, "append-only");
+#define TEFL_NORM_FWD_ATTRS_STRUCT_SIZE TEFL_STRUCT_SIZE(tefl_norm_fwd_attrs, sm_margin)
 typedef tefl_norm_fwd_attrs tefl_layernorm_fwd_attrs;
 typedef tefl_norm_fwd_attrs tefl_rmsnorm_fwd_attrs;
 
@@ -56,6 +58,7 @@ typedef struct tefl_norm_bwd_attrs {
 TEFL_STATIC_ASSERT(offsetof(tefl_norm_bwd_attrs, zero_centered_gamma) == 8,
                    "append-only");
 TEFL_STATIC_ASSERT(offsetof(tefl_norm_bwd_attrs, sm_margin) == 12, "append-only");
+#define TEFL_NORM_BWD_ATTRS_STRUCT_SIZE TEFL_STRUCT_SIZE(tefl_norm_bwd_attrs, sm_margin)
 typedef tefl_norm_bwd_attrs tefl_layernorm_bwd_attrs;
 typedef tefl_norm_bwd_attrs tefl_rmsnorm_bwd_attrs;
 typedef tefl_norm_bwd_attrs tefl_rmsnorm_bwd_add_attrs;

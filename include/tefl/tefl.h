@@ -7,6 +7,9 @@
  *  - Every ABI struct starts with `size_t struct_size`. Fields are only ever
  *    appended (layout pinned by static asserts below); a reader accepts a
  *    larger struct and fills defaults for fields a smaller one lacks.
+ *    Writers set struct_size with the TEFL_*_STRUCT_SIZE constants (offset of
+ *    the last field + its size), never sizeof: sizeof counts tail padding,
+ *    which a later version would read as an appended field.
  *  - Errors cross the boundary as opaque `tefl_status*`: NULL means success.
  *    A non-NULL status is owned by whoever receives it and is released with
  *    tefl_status_free() (or host->status_free inside a plugin).
@@ -35,6 +38,9 @@ extern "C" {
 
 #define TEFL_ABI_MAJOR 1
 #define TEFL_ABI_MINOR 0
+
+/* Bytes of `type` up to and including `last_field` (PJRT's rule). */
+#define TEFL_STRUCT_SIZE(type, last_field) (offsetof(type, last_field) + sizeof(((type*)0)->last_field))
 
 /* ---- Data types --------------------------------------------------------
  * DLPack 1.1 standardised these codes; the Debian header (DLPack 0.6)
@@ -109,6 +115,7 @@ TEFL_STATIC_ASSERT(offsetof(tefl_call_frame, outputs) == 40, "append-only");
 TEFL_STATIC_ASSERT(offsetof(tefl_call_frame, attrs) == 48, "append-only");
 TEFL_STATIC_ASSERT(offsetof(tefl_call_frame, stream) == 56, "append-only");
 TEFL_STATIC_ASSERT(offsetof(tefl_call_frame, host) == 64, "append-only");
+#define TEFL_CALL_FRAME_STRUCT_SIZE TEFL_STRUCT_SIZE(tefl_call_frame, host)
 
 /* A kernel returns NULL on success, a TEFL_UNSUPPORTED status when it
  * declines (before writing any output), or an error status. The frame has
@@ -150,6 +157,7 @@ TEFL_STATIC_ASSERT(offsetof(tefl_impl_desc, device_mask) == 40, "append-only");
 TEFL_STATIC_ASSERT(offsetof(tefl_impl_desc, kernel) == 48, "append-only");
 TEFL_STATIC_ASSERT(offsetof(tefl_impl_desc, supports) == 56, "append-only");
 TEFL_STATIC_ASSERT(offsetof(tefl_impl_desc, user_data) == 64, "append-only");
+#define TEFL_IMPL_DESC_STRUCT_SIZE TEFL_STRUCT_SIZE(tefl_impl_desc, user_data)
 
 /* ---- Device runtime: what makes the layer device-agnostic -------------- */
 typedef struct tefl_device_runtime {
@@ -177,6 +185,7 @@ TEFL_STATIC_ASSERT(offsetof(tefl_device_runtime, free) == 48, "append-only");
 TEFL_STATIC_ASSERT(offsetof(tefl_device_runtime, copy_to_device) == 56, "append-only");
 TEFL_STATIC_ASSERT(offsetof(tefl_device_runtime, copy_to_host) == 64, "append-only");
 TEFL_STATIC_ASSERT(offsetof(tefl_device_runtime, stream_sync) == 72, "append-only");
+#define TEFL_DEVICE_RUNTIME_STRUCT_SIZE TEFL_STRUCT_SIZE(tefl_device_runtime, stream_sync)
 
 /* ---- Host services: what the host offers kernels and plugins ----------- */
 typedef void (*tefl_parallel_body_fn)(void* ctx, int64_t begin, int64_t end);
@@ -206,6 +215,7 @@ TEFL_STATIC_ASSERT(offsetof(tefl_host_services, status_new) == 16, "append-only"
 TEFL_STATIC_ASSERT(offsetof(tefl_host_services, log) == 48, "append-only");
 TEFL_STATIC_ASSERT(offsetof(tefl_host_services, parallel_for) == 56, "append-only");
 TEFL_STATIC_ASSERT(offsetof(tefl_host_services, device_runtime) == 72, "append-only");
+#define TEFL_HOST_SERVICES_STRUCT_SIZE TEFL_STRUCT_SIZE(tefl_host_services, device_runtime)
 
 /* The host's services table (static storage, never NULL). */
 TEFL_API const tefl_host_services* tefl_host(void);
@@ -224,6 +234,7 @@ TEFL_STATIC_ASSERT(offsetof(tefl_registrar, ctx) == 8, "append-only");
 TEFL_STATIC_ASSERT(offsetof(tefl_registrar, register_impl) == 16, "append-only");
 TEFL_STATIC_ASSERT(offsetof(tefl_registrar, register_device_runtime) == 24,
                    "append-only");
+#define TEFL_REGISTRAR_STRUCT_SIZE TEFL_STRUCT_SIZE(tefl_registrar, register_device_runtime)
 
 /* ---- Plugin entry points ----------------------------------------------
  * A plugin shared library exports both symbols:
@@ -242,6 +253,7 @@ typedef struct tefl_plugin_info {
 } tefl_plugin_info;
 TEFL_STATIC_ASSERT(offsetof(tefl_plugin_info, name) == 8, "append-only");
 TEFL_STATIC_ASSERT(offsetof(tefl_plugin_info, abi_major) == 32, "append-only");
+#define TEFL_PLUGIN_INFO_STRUCT_SIZE TEFL_STRUCT_SIZE(tefl_plugin_info, abi_minor)
 
 #define TEFL_PLUGIN_INFO_SYMBOL "tefl_plugin_info"
 #define TEFL_PLUGIN_REGISTER_SYMBOL "tefl_plugin_register"

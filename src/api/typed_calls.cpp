@@ -6,13 +6,13 @@ namespace tefl {
 namespace {
 OpManager& ManagerOf(const CallOptions& opts) { return opts.manager ? *opts.manager : GetDefaultManager(); }
 tefl_norm_bwd_attrs BwdAttrs(const CallOptions& opts) {
-  return tefl_norm_bwd_attrs{sizeof(tefl_norm_bwd_attrs), opts.zero_centered_gamma ? 1 : 0, opts.sm_margin};
+  return tefl_norm_bwd_attrs{TEFL_NORM_BWD_ATTRS_STRUCT_SIZE, opts.zero_centered_gamma ? 1 : 0, opts.sm_margin};
 }
 }  // namespace
 
 Status layernorm_fwd(const DLTensor& x, const DLTensor& gamma, const DLTensor& beta, float eps, DLTensor& z,
                      DLTensor& mu, DLTensor& rsigma, const CallOptions& opts) {
-  const tefl_norm_fwd_attrs attrs{sizeof(attrs), eps, opts.zero_centered_gamma ? 1 : 0, opts.sm_margin};
+  const tefl_norm_fwd_attrs attrs{TEFL_NORM_FWD_ATTRS_STRUCT_SIZE, eps, opts.zero_centered_gamma ? 1 : 0, opts.sm_margin};
   const DLTensor* in[] = {&x, &gamma, &beta};
   DLTensor* out[] = {&z, &mu, &rsigma};
   return ManagerOf(opts).Call(TEFL_OP_LAYERNORM_FWD, in, out, &attrs, opts.stream);
@@ -29,7 +29,7 @@ Status layernorm_bwd(const DLTensor& dz, const DLTensor& x, const DLTensor& mu, 
 
 Status rmsnorm_fwd(const DLTensor& x, const DLTensor& gamma, float eps, DLTensor& z, DLTensor& rsigma,
                    const CallOptions& opts) {
-  const tefl_norm_fwd_attrs attrs{sizeof(attrs), eps, opts.zero_centered_gamma ? 1 : 0, opts.sm_margin};
+  const tefl_norm_fwd_attrs attrs{TEFL_NORM_FWD_ATTRS_STRUCT_SIZE, eps, opts.zero_centered_gamma ? 1 : 0, opts.sm_margin};
   const DLTensor* in[] = {&x, &gamma};
   DLTensor* out[] = {&z, &rsigma};
   return ManagerOf(opts).Call(TEFL_OP_RMSNORM_FWD, in, out, &attrs, opts.stream);

@@ -53,8 +53,8 @@ constexpr AttrSchema kBwdAttrs[] = {
     {"sm_margin", AttrType::kI32, offsetof(tefl_norm_bwd_attrs, sm_margin), 0, 0, 1 << 20, 0,
      "SMs left free by CUDA kernels; ignored on the CPU"},
 };
-constexpr tefl_norm_fwd_attrs kFwdDefaults = {sizeof(tefl_norm_fwd_attrs), 1e-5f, 0, 0};
-constexpr tefl_norm_bwd_attrs kBwdDefaults = {sizeof(tefl_norm_bwd_attrs), 0, 0};
+constexpr tefl_norm_fwd_attrs kFwdDefaults = {TEFL_NORM_FWD_ATTRS_STRUCT_SIZE, 1e-5f, 0, 0};
+constexpr tefl_norm_bwd_attrs kBwdDefaults = {TEFL_NORM_BWD_ATTRS_STRUCT_SIZE, 0, 0};
 
 // ---- shape relations --------------------------------------------------------
 bool SameShape(const DLTensor* a, const DLTensor* b) {
@@ -108,41 +108,40 @@ tefl_status* CheckNorm(const OpSchema& op, const CallArgs& args, const NormLayou
 }
 
 // Argument indices: inputs first, then outputs.
-tefl_status* CheckLayerNormFwd(const OpSchema& op, const CallArgs& a) {
-  return CheckNorm(op, a, {0, {3, -1, -1, -1}, {4, 5}, {1, 2, -1}});
+template <const NormLayout& kLayout>
+tefl_status* CheckNormOf(const OpSchema& op, const CallArgs& a) {
+  return CheckNorm(op, a, kLayout);
 }
-tefl_status* CheckRmsNormFwd(const OpSchema& op, const CallArgs& a) {
-  return CheckNorm(op, a, {0, {2, -1, -1, -1}, {3, -1}, {1, -1, -1}});
-}
-tefl_status* CheckLayerNormBwd(const OpSchema& op, const CallArgs& a) {
-  // in: dz0 x1 mu2 rsigma3 gamma4; out: dx5 dgamma6 dbeta7
-  return CheckNorm(op, a, {1, {0, 5, -1, -1}, {2, 3}, {4, 6, 7}});
-}
-tefl_status* CheckRmsNormBwd(const OpSchema& op, const CallArgs& a) {
-  // in: dz0 x1 rsigma2 gamma3; out: dx4 dgamma5
-  return CheckNorm(op, a, {1, {0, 4, -1, -1}, {2, -1}, {3, 5, -1}});
-}
-tefl_status* CheckRmsNormBwdAdd(const OpSchema& op, const CallArgs& a) {
-  // in: dz0 x1 add2 rsigma3 gamma4; out: dx5 dgamma6
-  return CheckNorm(op, a, {1, {0, 2, 5, -1}, {3, -1}, {4, 6, -1}});
-}
+constexpr NormLayout kLayerNormFwd = {0, {3, -1, -1, -1}, {4, 5}, {1, 2, -1}};
+constexpr NormLayout kRmsNormFwd = {0, {2, -1, -1, -1}, {3, -1}, {1, -1, -1}};
+// in: dz0 x1 mu2 rsigma3 gamma4; out: dx5 dgamma6 dbeta7
+constexpr NormLayout kLayerNormBwd = {1, {0, 5, -1, -1}, {2, 3}, {4, 6, 7}};
+// in: dz0 x1 rsigma2 gamma3; out: dx4 dgamma5
+constexpr NormLayout kRmsNormBwd = {1, {0, 4, -1, -1}, {2, -1}, {3, 5, -1}};
+// in: dz0 x1 add2 rsigma3 gamma4; out: dx5 dgamma6
+constexpr NormLayout kRmsNormBwdAdd = {1, {0, 2, 5, -1}, {3, -1}, {4, 6, -1}};
+constexpr ShapeCheckFn CheckLayerNormFwd = CheckNormOf<kLayerNormFwd>;
+constexpr ShapeCheckFn CheckRmsNormFwd = CheckNormOf<kRmsNormFwd>;
+constexpr ShapeCheckFn CheckLayerNormBwd = CheckNormOf<kLayerNormBwd>;
+constexpr ShapeCheckFn CheckRmsNormBwd = CheckNormOf<kRmsNormBwd>;
+constexpr ShapeCheckFn CheckRmsNormBwdAdd = CheckNormOf<kRmsNormBwdAdd>;
 
 constexpr uint32_t kNormFlags = kOpNoAlias | kOpContiguous;
 
 const OpSchema kSchemas[] = {
     {TEFL_OP_LAYERNORM_FWD, "layernorm_fwd", "normalization",
      "LayerNorm forward: z = (x - mean) * rsigma * g + beta, g = gamma (+1 if zero_centered_gamma)", kLnFwdIn,
-     kLnFwdOut, kFwdAttrs, sizeof(tefl_norm_fwd_attrs), &kFwdDefaults, kNormFlags, CheckLayerNormFwd, {}},
+     kLnFwdOut, kFwdAttrs, TEFL_NORM_FWD_ATTRS_STRUCT_SIZE, &kFwdDefaults, kNormFlags, CheckLayerNormFwd, {}},
     {TEFL_OP_LAYERNORM_BWD, "layernorm_bwd", "normalization", "LayerNorm backward: dx, dgamma, dbeta", kLnBwdIn,
-     kLnBwdOut, kBwdAttrs, sizeof(tefl_norm_bwd_attrs), &kBwdDefaults, kNormFlags, CheckLayerNormBwd, {}},
+     kLnBwdOut, kBwdAttrs, TEFL_NORM_BWD_ATTRS_STRUCT_SIZE, &kBwdDefaults, kNormFlags, CheckLayerNormBwd, {}},
     {TEFL_OP_RMSNORM_FWD, "rmsnorm_fwd", "normalization",
      "RMSNorm forward: z = x * rsigma * g, rsigma = 1/sqrt(mean(x^2) + eps)", kRmsFwdIn, kRmsFwdOut, kFwdAttrs,
-     sizeof(tefl_norm_fwd_attrs), &kFwdDefaults, kNormFlags, CheckRmsNormFwd, {}},
+     TEFL_NORM_FWD_ATTRS_STRUCT_SIZE, &kFwdDefaults, kNormFlags, CheckRmsNormFwd, {}},
     {TEFL_OP_RMSNORM_BWD, "rmsnorm_bwd", "normalization", "RMSNorm backward: dx, dgamma", kRmsBwdIn, kRmsBwdOut,
-     kBwdAttrs, sizeof(tefl_norm_bwd_attrs), &kBwdDefaults, kNormFlags, CheckRmsNormBwd, {}},
+     kBwdAttrs, TEFL_NORM_BWD_ATTRS_STRUCT_SIZE, &kBwdDefaults, kNormFlags, CheckRmsNormBwd, {}},
     {TEFL_OP_RMSNORM_BWD_ADD, "rmsnorm_bwd_add", "normalization",
      "RMSNorm backward with a residual gradient added to dx; dx may alias add (in place)", kRmsBwdAddIn,
-     kRmsBwdOut, kBwdAttrs, sizeof(tefl_norm_bwd_attrs), &kBwdDefaults, kNormFlags, CheckRmsNormBwdAdd, {},
+     kRmsBwdOut, kBwdAttrs, TEFL_NORM_BWD_ATTRS_STRUCT_SIZE, &kBwdDefaults, kNormFlags, CheckRmsNormBwdAdd, {},
      /*inplace_output=*/0, /*inplace_input=*/2},
 };
 

@@ -41,8 +41,8 @@ tefl_status* RegisterDeviceRuntime(const tefl_device_runtime* runtime) {
   }
   auto record = std::make_unique<RuntimeRecord>();
   std::memset(&record->table, 0, sizeof(record->table));
-  std::memcpy(&record->table, runtime, std::min(runtime->struct_size, sizeof(tefl_device_runtime)));
-  record->table.struct_size = sizeof(tefl_device_runtime);
+  std::memcpy(&record->table, runtime, std::min<size_t>(runtime->struct_size, TEFL_DEVICE_RUNTIME_STRUCT_SIZE));
+  record->table.struct_size = TEFL_DEVICE_RUNTIME_STRUCT_SIZE;
   record->name = runtime->name ? runtime->name : "";
   record->table.name = record->name.c_str();
   g_runtimes[type].store(record.release(), std::memory_order_release);  // never freed

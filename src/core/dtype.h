@@ -5,6 +5,7 @@
 #ifndef TEFL_SRC_CORE_DTYPE_H_
 #define TEFL_SRC_CORE_DTYPE_H_
 
+#include <array>
 #include <cstdint>
 #include <cstring>
 
@@ -34,30 +35,34 @@ using DTypeSet = uint16_t;
 constexpr DTypeSet Bit(DType t) { return DTypeSet(1u << unsigned(t)); }
 constexpr DTypeSet kFloatTypes = Bit(DType::kF32) | Bit(DType::kF16) | Bit(DType::kBF16);
 
+namespace dtype_internal {
+constexpr int kMaxCode = 18, kMaxBits = 64;
+// (code, bits) -> DType; everything not listed is kUnknown. A table, not a
+// switch: this runs for every tensor of every call.
+constexpr auto kTable = [] {
+  std::array<std::array<DType, kMaxBits + 1>, kMaxCode> t{};
+  for (auto& row : t) row.fill(DType::kUnknown);
+  t[kDLFloat][32] = DType::kF32;
+  t[kDLFloat][16] = DType::kF16;
+  t[kDLFloat][64] = DType::kF64;
+  t[kDLBfloat][16] = DType::kBF16;
+  t[kDLInt][8] = DType::kI8;
+  t[kDLInt][16] = DType::kI16;
+  t[kDLInt][32] = DType::kI32;
+  t[kDLInt][64] = DType::kI64;
+  t[kDLUInt][8] = DType::kU8;
+  t[TEFL_DL_BOOL][8] = DType::kBool;
+  t[TEFL_DL_FLOAT8_E4M3FN][8] = DType::kE4M3;
+  t[TEFL_DL_FLOAT8_E5M2][8] = DType::kE5M2;
+  t[TEFL_DL_FLOAT8_E8M0FNU][8] = DType::kE8M0;
+  t[TEFL_DL_FLOAT4_E2M1FN][4] = DType::kE2M1;
+  return t;
+}();
+}  // namespace dtype_internal
+
 inline DType DTypeOf(DLDataType t) {
-  if (t.lanes != 1) return DType::kUnknown;
-  switch (t.code) {
-    case kDLFloat:
-      return t.bits == 32 ? DType::kF32 : t.bits == 16 ? DType::kF16 : t.bits == 64 ? DType::kF64 : DType::kUnknown;
-    case kDLBfloat:
-      return t.bits == 16 ? DType::kBF16 : DType::kUnknown;
-    case kDLInt:
-      return t.bits == 8 ? DType::kI8 : t.bits == 16 ? DType::kI16 : t.bits == 32 ? DType::kI32 : t.bits == 64 ? DType::kI64 : DType::kUnknown;
-    case kDLUInt:
-      return t.bits == 8 ? DType::kU8 : DType::kUnknown;
-    case TEFL_DL_BOOL:
-      return t.bits == 8 ? DType::kBool : DType::kUnknown;
-    case TEFL_DL_FLOAT8_E4M3FN:
-      return t.bits == 8 ? DType::kE4M3 : DType::kUnknown;
-    case TEFL_DL_FLOAT8_E5M2:
-      return t.bits == 8 ? DType::kE5M2 : DType::kUnknown;
-    case TEFL_DL_FLOAT8_E8M0FNU:
-      return t.bits == 8 ? DType::kE8M0 : DType::kUnknown;
-    case TEFL_DL_FLOAT4_E2M1FN:
-      return t.bits == 4 ? DType::kE2M1 : DType::kUnknown;
-    default:
-      return DType::kUnknown;
-  }
+  if (t.lanes != 1 || t.code >= dtype_internal::kMaxCode || t.bits > dtype_internal::kMaxBits) return DType::kUnknown;
+  return dtype_internal::kTable[t.code][t.bits];
 }
 
 inline DLDataType DLTypeOf(DType t) {

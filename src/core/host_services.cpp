@@ -18,7 +18,7 @@ void HostParallelFor(int64_t n, int64_t grain, tefl_parallel_body_fn body, void*
 }
 
 const tefl_host_services kHost = {
-    sizeof(tefl_host_services), TEFL_ABI_MAJOR, TEFL_ABI_MINOR, tefl_status_new,
+    TEFL_HOST_SERVICES_STRUCT_SIZE, TEFL_ABI_MAJOR, TEFL_ABI_MINOR, tefl_status_new,
     tefl_status_free,           tefl_status_code_of, tefl_status_message, HostLog,
     HostParallelFor,            HostNumThreads,      HostDeviceRuntime};
 

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <vector>
 
 #include "core/strings.h"
 
@@ -10,6 +11,7 @@ namespace tefl {
 namespace logging_internal {
 std::atomic<int> g_level{TEFL_LOG_INFO};
 std::atomic<int> g_verbose{0};
+std::atomic<bool> g_initialized{false};
 namespace {
 std::once_flag g_init_once;
 std::mutex g_sink_mu;
@@ -28,9 +30,9 @@ void Emit(int level, const std::string& line) {
 }
 }  // namespace
 
-void LoadFromEnv() {
-  // Warnings about bad values go out after both are parsed so the level
-  // applies to them.
+// Sets level and verbosity from the environment; returns the warnings to log
+// (logged by the caller once initialisation is complete).
+std::vector<std::string> LoadFromEnv() {
   std::string warn_level, warn_verbose;
   if (const char* v = std::getenv("TEFL_LOG_LEVEL"); v && *v) {
     int level = ParseLogLevel(v);
@@ -50,12 +52,19 @@ void LoadFromEnv() {
       g_verbose.store(flags);
     }
   }
-  if (!warn_level.empty()) LogLine(TEFL_LOG_WARNING, __FILE__, __LINE__, warn_level);
-  if (!warn_verbose.empty()) LogLine(TEFL_LOG_WARNING, __FILE__, __LINE__, warn_verbose);
+  std::vector<std::string> warnings;
+  if (!warn_level.empty()) warnings.push_back(warn_level);
+  if (!warn_verbose.empty()) warnings.push_back(warn_verbose);
+  return warnings;
 }
 
-void EnsureInit() {
-  std::call_once(g_init_once, [] { LoadFromEnv(); });
+void InitFromEnvOnce() {
+  std::vector<std::string> warnings;
+  std::call_once(g_init_once, [&] {
+    warnings = LoadFromEnv();
+    g_initialized.store(true, std::memory_order_release);
+  });
+  for (const auto& w : warnings) LogLine(TEFL_LOG_WARNING, __FILE__, __LINE__, w);
 }
 }  // namespace logging_internal
 
@@ -83,7 +92,7 @@ void ReloadLoggingFromEnv() {
   logging_internal::EnsureInit();
   logging_internal::g_level.store(TEFL_LOG_INFO);
   logging_internal::g_verbose.store(0);
-  logging_internal::LoadFromEnv();
+  for (const auto& w : logging_internal::LoadFromEnv()) LogLine(TEFL_LOG_WARNING, __FILE__, __LINE__, w);
 }
 
 static const char* LevelName(int level) {

@@ -22,7 +22,13 @@ enum VerboseFlags : int { kVerboseDispatch = 1, kVerboseExec = 2 };
 namespace logging_internal {
 extern std::atomic<int> g_level;    // minimum tefl_log_level that is emitted
 extern std::atomic<int> g_verbose;  // VerboseFlags
-void EnsureInit();
+extern std::atomic<bool> g_initialized;
+void InitFromEnvOnce();
+// Reads TEFL_LOG_LEVEL / TE_FL_VERBOSE the first time; one relaxed-acquire
+// load afterwards (this sits on the dispatch hot path).
+inline void EnsureInit() {
+  if (!g_initialized.load(std::memory_order_acquire)) InitFromEnvOnce();
+}
 }  // namespace logging_internal
 
 // A sink receives each finished line (no trailing newline).

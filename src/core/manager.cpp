@@ -55,16 +55,14 @@ struct CacheOwner {
   }
 };
 
-DispatchCache* ThreadCache() {
-  DispatchCache* c = t_thread_state.cache;
-  if (c == nullptr) {
-    static thread_local CacheOwner owner;
-    (void)owner;
-    c = new DispatchCache();  // value-initialised: all chains NULL
-    t_thread_state.cache = c;
-  }
-  return c;
+__attribute__((noinline)) DispatchCache* NewThreadCache(ThreadState& ts) {
+  static thread_local CacheOwner owner;
+  (void)owner;
+  ts.cache = new DispatchCache();  // value-initialised: all chains NULL
+  return ts.cache;
 }
+
+inline DispatchCache* ThreadCache(ThreadState& ts) { return ts.cache ? ts.cache : NewThreadCache(ts); }
 
 std::string ImplLabel(const OpImpl& impl) {
   return fmt::format("'{}' (kind={}, vendor={})", impl.impl_id, KindName(impl.kind),
@@ -368,11 +366,12 @@ Status OpManager::Call(int32_t op_id, std::span<const DLTensor* const> inputs, s
   SigKey key;
   if (tefl_status* e = ValidateCall(*op, args, &key)) return Status::FromC(e);
 
-  const tefl_call_frame frame{sizeof(tefl_call_frame), op->name, op->id, args.num_inputs, args.inputs,
+  const tefl_call_frame frame{TEFL_CALL_FRAME_STRUCT_SIZE, op->name, op->id, args.num_inputs, args.inputs,
                               args.num_outputs, args.outputs, attrs, stream, tefl_host()};
-  const PolicyRecord* policy = EffectivePolicy();
+  ThreadState& ts = t_thread_state;
+  const PolicyRecord* policy = EffectivePolicy(ts);
   const uint64_t epoch = g_policy_epoch.load(std::memory_order_acquire);
-  CacheEntry& slot = ThreadCache()->entries[key.Hash() & (kCacheSlots - 1)];
+  CacheEntry& slot = ThreadCache(ts)->entries[key.Hash() & (kCacheSlots - 1)];
   const Chain* chain;
   if (slot.chain != nullptr && slot.key == key && slot.manager_serial == rep_->serial && slot.epoch == epoch &&
       slot.policy_id == policy->id) {
@@ -457,7 +456,7 @@ Resolution OpManager::Explain(int32_t op_id, std::span<const DLTensor* const> in
     return res;
   }
   res.signature = DescribeCall(*op, args, false);
-  const tefl_call_frame frame{sizeof(tefl_call_frame), op->name, op->id, args.num_inputs, args.inputs,
+  const tefl_call_frame frame{TEFL_CALL_FRAME_STRUCT_SIZE, op->name, op->id, args.num_inputs, args.inputs,
                               args.num_outputs, args.outputs, attrs, nullptr, tefl_host()};
   ResolvedCandidates rc = rep_->ResolveCandidates(*op, frame, key, *policy, int32_t((key.w[0] >> 32) & 0xFF));
   res.candidates = std::move(rc.reports);

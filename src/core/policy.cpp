@@ -289,7 +289,7 @@ SelectionPolicy SelectionPolicy::WithDeniedVendors(const std::set<std::string>& 
 
 // ---- interning, global, scoped ----------------------------------------------------
 std::atomic<uint64_t> g_policy_epoch{1};
-thread_local ThreadState t_thread_state = {nullptr, nullptr};
+thread_local ThreadState t_thread_state __attribute__((tls_model("initial-exec"))) = {nullptr, nullptr};
 
 namespace {
 std::mutex g_intern_mu;

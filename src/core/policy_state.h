@@ -28,17 +28,20 @@ const PolicyRecord* GlobalPolicyRecord();
 extern std::atomic<uint64_t> g_policy_epoch;
 
 struct DispatchCache;  // manager.cpp
-// Plain-old-data so the thread_local needs no guard on access.
+// Plain-old-data so the thread_local needs no guard on access; 16 bytes of
+// initial-exec TLS (no __tls_get_addr call on the hot path; glibc keeps
+// static TLS room for this much even when libtefl is dlopen'ed).
 struct ThreadState {
   const PolicyRecord* override_policy;
   DispatchCache* cache;
 };
-extern thread_local ThreadState t_thread_state;
+extern thread_local ThreadState t_thread_state __attribute__((tls_model("initial-exec")));
 
-inline const PolicyRecord* EffectivePolicy() {
-  const PolicyRecord* p = t_thread_state.override_policy;
+inline const PolicyRecord* EffectivePolicy(const ThreadState& ts) {
+  const PolicyRecord* p = ts.override_policy;
   return p ? p : GlobalPolicyRecord();
 }
+inline const PolicyRecord* EffectivePolicy() { return EffectivePolicy(t_thread_state); }
 
 }  // namespace tefl
 

@@ -50,7 +50,7 @@ OpImpl OpImpl::FromFunction(std::string op_name, std::string impl_id, BackendImp
 OpImpl OpImpl::FromDesc(const tefl_impl_desc& desc) {
   // Fields beyond a smaller struct_size keep their defaults.
   tefl_impl_desc d = {};
-  std::memcpy(&d, &desc, std::min(desc.struct_size, sizeof(d)));
+  std::memcpy(&d, &desc, std::min<size_t>(desc.struct_size, TEFL_IMPL_DESC_STRUCT_SIZE));
   OpImpl impl;
   impl.op_name = d.op_name ? d.op_name : "";
   impl.impl_id = d.impl_id ? d.impl_id : "";
@@ -192,7 +192,7 @@ tefl_status* RegistrarRegisterRuntime(void*, const tefl_device_runtime* runtime)
 }  // namespace
 
 tefl_registrar OpRegistry::Registrar() {
-  return tefl_registrar{sizeof(tefl_registrar), this, RegistrarRegisterImpl, RegistrarRegisterRuntime};
+  return tefl_registrar{TEFL_REGISTRAR_STRUCT_SIZE, this, RegistrarRegisterImpl, RegistrarRegisterRuntime};
 }
 
 }  // namespace tefl

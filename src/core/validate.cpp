@@ -7,15 +7,6 @@
 
 namespace tefl {
 
-const ArgSchema& ArgAt(const OpSchema& op, int i) {
-  const int nin = int(op.inputs.size());
-  return i < nin ? op.inputs[size_t(i)] : op.outputs[size_t(i - nin)];
-}
-
-const DLTensor* TensorAt(const CallArgs& args, int i) {
-  return i < args.num_inputs ? args.inputs[i] : args.outputs[i - args.num_inputs];
-}
-
 static std::string ArgLabel(const OpSchema& op, int i) {
   const int nin = int(op.inputs.size());
   return i < nin ? fmt::format("'{}' (input {})", op.inputs[size_t(i)].name, i)
@@ -82,17 +73,13 @@ bool ExactAlias(const DLTensor* a, const DLTensor* b) {
   return true;
 }
 
-// Byte range [lo, hi) a tensor's elements occupy.
+// Byte range [lo, hi) a non-empty tensor's elements occupy.
 void ByteRange(const DLTensor* t, int64_t numel, uintptr_t* lo, uintptr_t* hi) {
   const uintptr_t base = reinterpret_cast<uintptr_t>(t->data) + t->byte_offset;
-  if (numel == 0) {
-    *lo = *hi = base;
-    return;
-  }
   const int64_t bits = t->dtype.bits * int64_t(t->dtype.lanes);
   if (t->strides == nullptr) {
     *lo = base;
-    *hi = base + uintptr_t((numel * bits + 7) / 8);
+    *hi = base + (uintptr_t(numel * bits + 7) >> 3);
     return;
   }
   int64_t min_off = 0, max_off = 0;
@@ -120,57 +107,83 @@ tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key)
                            fmt::format("{}: the inputs/outputs array is NULL", op.name).c_str());
   }
   const int n = nin + nout;
+  // Flat views of the arguments (inputs then outputs) for the loops below.
+  const DLTensor* tensors[kMaxOpArgs];
+  const ArgSchema* schemas[kMaxOpArgs];
+  for (int i = 0; i < nin; ++i) tensors[i] = args.inputs[i], schemas[i] = &op.inputs[size_t(i)];
+  for (int i = 0; i < nout; ++i) tensors[nin + i] = args.outputs[i], schemas[nin + i] = &op.outputs[size_t(i)];
   uint64_t tw[3] = {0, 0, 0};
+  int tw_word = 0, tw_shift = 0;
   const DLTensor* first = nullptr;
   int first_index = -1;
-  int64_t numels[kMaxOpArgs];
+  uintptr_t lo[kMaxOpArgs], hi[kMaxOpArgs];  // byte range of each tensor (empty: lo == hi)
+  uint64_t device_bits = 0;  // DLDevice of the first tensor, as one word
   for (int i = 0; i < n; ++i) {
-    const DLTensor* t = TensorAt(args, i);
-    const ArgSchema& a = ArgAt(op, i);
-    numels[i] = 0;
+    const DLTensor* t = tensors[i];
+    lo[i] = hi[i] = 0;  // an empty range never overlaps
     if (t == nullptr) {
-      if (!a.optional) return ArgError(op, i, "is required, got NULL");
+      if (!schemas[i]->optional) return ArgError(op, i, "is required, got NULL");
+      tw_shift += 12;  // absent: all code bits 0
+      if (tw_shift == 60) tw_shift = 0, ++tw_word;
       continue;
     }
     const DType dt = DTypeOf(t->dtype);
-    if (!(Bit(dt) & a.dtypes)) {
-      return ArgError(op, i,
-                      fmt::format("expected dtype in {}, got {}", DTypeSetString(a.dtypes), DLTypeString(t->dtype)));
+    if (!((schemas[i]->dtypes >> unsigned(dt)) & 1u)) {
+      return ArgError(op, i, fmt::format("expected dtype in {}, got {}", DTypeSetString(schemas[i]->dtypes),
+                                         DLTypeString(t->dtype)));
     }
-    if (t->ndim < 0 || t->ndim > 31) return ArgError(op, i, fmt::format("expected rank 0..31, got {}", t->ndim));
-    if (t->ndim > 0 && t->shape == nullptr) return ArgError(op, i, "shape is NULL");
-    int64_t numel = 1;
+    const int ndim = t->ndim;
+    if (unsigned(ndim) > 31u) return ArgError(op, i, fmt::format("expected rank 0..31, got {}", ndim));
+    const int64_t* shape = t->shape;
+    if (ndim > 0 && shape == nullptr) return ArgError(op, i, "shape is NULL");
+    int64_t numel = 1, any_negative = 0;
     bool compact = true;
-    int64_t expected_stride = 1;
-    for (int d = t->ndim - 1; d >= 0; --d) {
-      const int64_t extent = t->shape[d];
-      if (extent < 0) return ArgError(op, i, fmt::format("dimension {} is negative ({})", d, extent));
-      if (t->strides && extent != 1 && t->strides[d] != expected_stride) compact = false;
-      expected_stride *= extent;
-      numel *= extent;
+    if (t->strides == nullptr) {
+      for (int d = 0; d < ndim; ++d) {
+        numel *= shape[d];
+        any_negative |= shape[d];
+      }
+    } else {
+      int64_t expected_stride = 1;
+      for (int d = ndim - 1; d >= 0; --d) {
+        if (shape[d] != 1 && t->strides[d] != expected_stride) compact = false;
+        expected_stride *= shape[d];
+        any_negative |= shape[d];
+      }
+      numel = expected_stride;
     }
-    numels[i] = numel;
-    if (numel > 0 && t->data == nullptr) {
-      return ArgError(op, i, fmt::format("data is NULL for a tensor of {} elements", numel));
+    if (any_negative < 0) {
+      for (int d = 0; d < ndim; ++d)
+        if (shape[d] < 0) return ArgError(op, i, fmt::format("dimension {} is negative ({})", d, shape[d]));
     }
+    if (numel > 0) {
+      if (t->data == nullptr) return ArgError(op, i, fmt::format("data is NULL for a tensor of {} elements", numel));
+      ByteRange(t, numel, &lo[i], &hi[i]);
+    }
+    uint64_t dev;
+    static_assert(sizeof(DLDevice) == sizeof(dev));
+    std::memcpy(&dev, &t->device, sizeof(dev));
     if (first == nullptr) {
       first = t;
       first_index = i;
-    } else if (t->device.device_type != first->device.device_type || t->device.device_id != first->device.device_id) {
+      device_bits = dev;
+    } else if (dev != device_bits) {
       return ArgError(op, i,
                       fmt::format("expected device {}:{} (that of {}), got {}:{}",
                                   DeviceTypeName(first->device.device_type), first->device.device_id,
                                   ArgLabel(op, first_index), DeviceTypeName(t->device.device_type),
                                   t->device.device_id));
     }
-    if ((op.flags & kOpContiguous) && !compact) {
+    if (!compact && (op.flags & kOpContiguous)) {
       std::string strides;
-      for (int d = 0; d < t->ndim; ++d) strides += (d ? ", " : "") + std::to_string(t->strides[d]);
+      for (int d = 0; d < ndim; ++d) strides += (d ? ", " : "") + std::to_string(t->strides[d]);
       return ArgError(op, i, fmt::format("expected a contiguous row-major tensor, got shape {} with strides [{}]",
                                          ShapeString(t), strides));
     }
-    const uint64_t code = uint64_t(dt) | uint64_t(t->ndim) << 4 | uint64_t(compact) << 9 | uint64_t(1) << 10;
-    tw[i / 5] |= code << (12 * (i % 5));
+    const uint64_t code = uint64_t(dt) | uint64_t(ndim) << 4 | uint64_t(compact) << 9 | uint64_t(1) << 10;
+    tw[tw_word] |= code << tw_shift;
+    tw_shift += 12;
+    if (tw_shift == 60) tw_shift = 0, ++tw_word;
   }
   // Attributes: ranges, and the bits that enter the signature.
   uint64_t attr_bits = 0;
@@ -206,24 +219,14 @@ tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key)
   bool in_place = false;
   if (op.flags & kOpNoAlias) {
     for (int o = nin; o < n; ++o) {
-      const DLTensor* out = TensorAt(args, o);
-      if (out == nullptr || numels[o] == 0) continue;
-      uintptr_t olo, ohi;
-      ByteRange(out, numels[o], &olo, &ohi);
-      for (int i = 0; i < n; ++i) {
-        if (i == o) continue;
-        const DLTensor* other = TensorAt(args, i);
-        if (other == nullptr || numels[i] == 0) continue;
-        uintptr_t lo, hi;
-        ByteRange(other, numels[i], &lo, &hi);
-        if (lo < ohi && olo < hi) {
-          if (o - nin == op.inplace_output && i == op.inplace_input && ExactAlias(out, other)) {
-            in_place = true;
-            continue;
-          }
-          return ArgError(op, o, fmt::format("overlaps {} in memory; {} does not work in place", ArgLabel(op, i),
-                                             op.name));
+      for (int i = 0; i < n; ++i) {  // every output against every other argument
+        if (i == o || !(lo[i] < hi[o] && lo[o] < hi[i])) continue;  // empty ranges are [0, 0)
+        if (o - nin == op.inplace_output && i == op.inplace_input && ExactAlias(tensors[o], tensors[i])) {
+          in_place = true;
+          continue;
         }
+        return ArgError(op, o, fmt::format("overlaps {} in memory; {} does not work in place", ArgLabel(op, i),
+                                           op.name));
       }
     }
   }

@@ -46,9 +46,14 @@ std::string DescribeCall(const OpSchema& op, const CallArgs& args, bool with_sha
 // "[8, 4096]"
 std::string ShapeString(const DLTensor* t);
 
-// The (name, role, index) of positional argument i (inputs then outputs).
-const ArgSchema& ArgAt(const OpSchema& op, int i);
-const DLTensor* TensorAt(const CallArgs& args, int i);
+// Positional argument i (inputs then outputs): its schema and its tensor.
+inline const ArgSchema& ArgAt(const OpSchema& op, int i) {
+  const int nin = int(op.inputs.size());
+  return i < nin ? op.inputs[size_t(i)] : op.outputs[size_t(i - nin)];
+}
+inline const DLTensor* TensorAt(const CallArgs& args, int i) {
+  return i < args.num_inputs ? args.inputs[i] : args.outputs[i - args.num_inputs];
+}
 
 // Error helpers for shape checks: "<op>: argument '<name>' (input 1): <what>".
 tefl_status* ArgError(const OpSchema& op, int arg_index, const std::string& what);

@@ -159,7 +159,7 @@ tefl_status* RegisterReferenceNormalization(const tefl_registrar& registrar) {
       {"rmsnorm_bwd", RmsNormBwd},     {"rmsnorm_bwd_add", RmsNormBwdAdd},
   };
   for (const Entry& e : kEntries) {
-    const tefl_impl_desc desc = {sizeof(tefl_impl_desc), e.op, "reference.cpp", TEFL_KIND_REFERENCE, 0, nullptr,
+    const tefl_impl_desc desc = {TEFL_IMPL_DESC_STRUCT_SIZE, e.op, "reference.cpp", TEFL_KIND_REFERENCE, 0, nullptr,
                                  TEFL_DEVICE_BIT(kDLCPU), e.kernel, nullptr, nullptr};
     if (tefl_status* s = registrar.register_impl(registrar.ctx, &desc)) return s;
   }

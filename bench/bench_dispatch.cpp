@@ -1,0 +1,100 @@
+// Dispatch overhead of a typed call through OpManager against calling the
+// kernel directly, same tiny tensor, same run. Parts:
+//   BM_KernelDirect     the no-op kernel called through its function pointer
+//   BM_Validate         schema validation + signature key of an rmsnorm_fwd call
+//   BM_ManagerCall      the whole typed call (validation + cached resolution +
+//                       indirect call) to the same no-op kernel
+// Resolution = ManagerCall - Validate - KernelDirect. Also the real portable
+// kernel on the tiny tensor, direct and through the manager.
+#include <benchmark/benchmark.h>
+
+#include <vector>
+
+#include "core/catalogue.h"
+#include "core/validate.h"
+#include "tefl/tefl.hpp"
+
+namespace {
+
+tefl_status* NoopKernel(const tefl_call_frame* f, void*) {
+  benchmark::DoNotOptimize(f->outputs[0]->data);
+  return nullptr;
+}
+
+struct TinyCall {
+  std::vector<float> x = std::vector<float>(8, 0.5f), g = std::vector<float>(8, 1.0f), z = std::vector<float>(8),
+                     rs = std::vector<float>(1);
+  int64_t xs[2] = {1, 8}, gs[1] = {8}, rss[1] = {1};
+  DLTensor tx{x.data(), {kDLCPU, 0}, 2, {kDLFloat, 32, 1}, xs, nullptr, 0};
+  DLTensor tg{g.data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, gs, nullptr, 0};
+  DLTensor tz{z.data(), {kDLCPU, 0}, 2, {kDLFloat, 32, 1}, xs, nullptr, 0};
+  DLTensor trs{rs.data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, rss, nullptr, 0};
+  const DLTensor* in[2] = {&tx, &tg};
+  DLTensor* out[2] = {&tz, &trs};
+  tefl_norm_fwd_attrs attrs{TEFL_NORM_FWD_ATTRS_STRUCT_SIZE, 1e-5f, 0, 0};
+  tefl_call_frame frame{TEFL_CALL_FRAME_STRUCT_SIZE, "rmsnorm_fwd", TEFL_OP_RMSNORM_FWD, 2, in, 2, out, &attrs,
+                        nullptr, tefl_host()};
+};
+
+// A registry whose first candidate for rmsnorm_fwd is the no-op kernel.
+tefl::OpManager& NoopManager() {
+  static tefl::OpRegistry* registry = [] {
+    auto* r = new tefl::OpRegistry();
+    tefl::OpImpl impl;
+    impl.op_name = "rmsnorm_fwd";
+    impl.impl_id = "default.noop";
+    impl.priority = 1000;
+    impl.kernel = NoopKernel;
+    (void)r->RegisterImpl(impl);
+    return r;
+  }();
+  static tefl::OpManager* manager = new tefl::OpManager(registry);
+  return *manager;
+}
+
+void BM_KernelDirect(benchmark::State& state) {
+  TinyCall c;
+  for (auto _ : state) benchmark::DoNotOptimize(NoopKernel(&c.frame, nullptr));
+}
+BENCHMARK(BM_KernelDirect);
+
+void BM_Validate(benchmark::State& state) {
+  TinyCall c;
+  const tefl::OpSchema& op = *tefl::FindOp(TEFL_OP_RMSNORM_FWD);
+  const tefl::CallArgs args{c.in, 2, c.out, 2, &c.attrs};
+  tefl::SigKey key;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(tefl::ValidateCall(op, args, &key));
+    benchmark::DoNotOptimize(key);
+  }
+}
+BENCHMARK(BM_Validate);
+
+void BM_ManagerCall(benchmark::State& state) {
+  TinyCall c;
+  tefl::OpManager& m = NoopManager();
+  tefl::CallOptions opts;
+  opts.manager = &m;
+  if (!tefl::rmsnorm_fwd(c.tx, c.tg, 1e-5f, c.tz, c.trs, opts).ok()) state.SkipWithError("call failed");
+  for (auto _ : state) benchmark::DoNotOptimize(tefl::rmsnorm_fwd(c.tx, c.tg, 1e-5f, c.tz, c.trs, opts));
+}
+BENCHMARK(BM_ManagerCall);
+
+void BM_PortableDirect(benchmark::State& state) {
+  TinyCall c;
+  tefl::GetDefaultManager().EnsureInitialized();
+  auto impl = tefl::GetDefaultRegistry().GetImplementation("rmsnorm_fwd", "default.portable");
+  for (auto _ : state) benchmark::DoNotOptimize(impl->kernel(&c.frame, impl->user_data));
+}
+BENCHMARK(BM_PortableDirect);
+
+void BM_PortableThroughManager(benchmark::State& state) {
+  TinyCall c;
+  if (!tefl::rmsnorm_fwd(c.tx, c.tg, 1e-5f, c.tz, c.trs).ok()) state.SkipWithError("call failed");
+  for (auto _ : state) benchmark::DoNotOptimize(tefl::rmsnorm_fwd(c.tx, c.tg, 1e-5f, c.tz, c.trs));
+}
+BENCHMARK(BM_PortableThroughManager);
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,77 @@
+// Repeatable instruction counts of the dispatch path, for
+// `valgrind --tool=callgrind` (see bench/callgrind_dispatch.sh): each loop
+// below runs exactly kCalls calls after a warm-up, so inclusive instructions
+// of a loop / kCalls = instructions per call.
+#include <cstdio>
+#include <vector>
+
+#include "core/catalogue.h"
+#include "core/validate.h"
+#include "tefl/tefl.hpp"
+
+namespace {
+
+constexpr int kCalls = 10000;
+
+tefl_status* NoopKernel(const tefl_call_frame* f, void*) {
+  asm volatile("" : : "r"(f) : "memory");
+  return nullptr;
+}
+
+struct TinyCall {
+  std::vector<float> x = std::vector<float>(8, 0.5f), g = std::vector<float>(8, 1.0f), z = std::vector<float>(8),
+                     rs = std::vector<float>(1);
+  int64_t xs[2] = {1, 8}, gs[1] = {8}, rss[1] = {1};
+  DLTensor tx{x.data(), {kDLCPU, 0}, 2, {kDLFloat, 32, 1}, xs, nullptr, 0};
+  DLTensor tg{g.data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, gs, nullptr, 0};
+  DLTensor tz{z.data(), {kDLCPU, 0}, 2, {kDLFloat, 32, 1}, xs, nullptr, 0};
+  DLTensor trs{rs.data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, rss, nullptr, 0};
+  const DLTensor* in[2] = {&tx, &tg};
+  DLTensor* out[2] = {&tz, &trs};
+  tefl_norm_fwd_attrs attrs{TEFL_NORM_FWD_ATTRS_STRUCT_SIZE, 1e-5f, 0, 0};
+};
+
+__attribute__((noinline)) int LoopValidate(TinyCall& c) {
+  const tefl::OpSchema& op = *tefl::FindOp(TEFL_OP_RMSNORM_FWD);
+  const tefl::CallArgs args{c.in, 2, c.out, 2, &c.attrs};
+  tefl::SigKey key;
+  int errors = 0;
+  for (int i = 0; i < kCalls; ++i) errors += tefl::ValidateCall(op, args, &key) != nullptr;
+  return errors;
+}
+
+__attribute__((noinline)) int LoopManagerCall(TinyCall& c, tefl::OpManager& m) {
+  tefl::CallOptions opts;
+  opts.manager = &m;
+  int errors = 0;
+  for (int i = 0; i < kCalls; ++i) errors += !tefl::rmsnorm_fwd(c.tx, c.tg, 1e-5f, c.tz, c.trs, opts).ok();
+  return errors;
+}
+
+__attribute__((noinline)) int LoopKernelDirect(TinyCall& c) {
+  tefl_call_frame frame{TEFL_CALL_FRAME_STRUCT_SIZE, "rmsnorm_fwd", TEFL_OP_RMSNORM_FWD, 2, c.in, 2, c.out, &c.attrs,
+                        nullptr, tefl_host()};
+  int errors = 0;
+  for (int i = 0; i < kCalls; ++i) errors += NoopKernel(&frame, nullptr) != nullptr;
+  return errors;
+}
+
+}  // namespace
+
+int main() {
+  tefl::OpRegistry registry;
+  tefl::OpImpl impl;
+  impl.op_name = "rmsnorm_fwd";
+  impl.impl_id = "default.noop";
+  impl.priority = 1000;
+  impl.kernel = NoopKernel;
+  if (!registry.RegisterImpl(impl).ok()) return 1;
+  tefl::OpManager manager(&registry);
+  TinyCall c;
+  tefl::CallOptions opts;
+  opts.manager = &manager;
+  if (!tefl::rmsnorm_fwd(c.tx, c.tg, 1e-5f, c.tz, c.trs, opts).ok()) return 1;  // warm: resolve once
+  const int errors = LoopValidate(c) + LoopManagerCall(c, manager) + LoopKernelDirect(c);
+  std::printf("%d calls per loop, %d errors\n", kCalls, errors);
+  return errors != 0;
+}
