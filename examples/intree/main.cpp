@@ -52,6 +52,7 @@ tefl::Status MyRmsNorm(const tefl_call_frame& frame) {
 }  // namespace
 
 int main() {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // keep our lines in order with the log on stderr
   // 2. Register to a registry.
   tefl::OpRegistry registry;
   tefl::Status s = registry.RegisterImpl(tefl::OpImpl::FromFunction(
