@@ -16,7 +16,7 @@ struct Table {
 const Table& GetTable() {
   static const Table table = [] {
     Table t;
-    for (std::span<const OpSchema> family : {NormalizationSchemas()}) {
+    for (std::span<const OpSchema> family : {NormalizationSchemas(), RopeSchemas()}) {
       for (const OpSchema& op : family) {
         t.ops[size_t(op.id)] = op;
       }

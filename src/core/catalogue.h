@@ -85,6 +85,7 @@ const OpSchema* FindOp(std::string_view name);
 
 // Per family (one file each).
 std::span<const OpSchema> NormalizationSchemas();
+std::span<const OpSchema> RopeSchemas();
 
 }  // namespace tefl
 
