@@ -1055,3 +1055,35 @@ TEST_F(Validation, TypedCallsReportTheSameErrors) {
 }
 
 }  // namespace
+
+// Shapes and strides whose arithmetic would overflow are errors, not UB.
+namespace tefl {
+namespace {
+TEST(ValidationLimits, OverflowingShapesAndStrides) {
+  OpManager mgr;
+  std::vector<float> data(64), gamma(8), z(64), rs(8);
+  int64_t huge[2] = {int64_t(1) << 40, int64_t(1) << 40}, hs[1] = {int64_t(1) << 40}, ok_shape[2] = {8, 8},
+          gs[1] = {8}, rss[1] = {8};
+  DLTensor x{data.data(), {kDLCPU, 0}, 2, {kDLFloat, 32, 1}, huge, nullptr, 0};
+  DLTensor g{gamma.data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, hs, nullptr, 0};
+  DLTensor tz{z.data(), {kDLCPU, 0}, 2, {kDLFloat, 32, 1}, ok_shape, nullptr, 0};
+  DLTensor trs{rs.data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, rss, nullptr, 0};
+  const DLTensor* in[] = {&x, &g};
+  DLTensor* out[] = {&tz, &trs};
+  Status s = mgr.Call(TEFL_OP_RMSNORM_FWD, in, out);
+  EXPECT_EQ(s.code(), TEFL_INVALID_ARGUMENT);
+  EXPECT_NE(s.message().find("argument 'x' (input 0): shape [1099511627776, 1099511627776] has too many elements"),
+            std::string::npos)
+      << s.message();
+  // A stride that puts the last element past 2^62 bytes.
+  int64_t strides[2] = {int64_t(1) << 61, 1};
+  x.shape = ok_shape;
+  x.strides = strides;
+  g.shape = gs;
+  s = mgr.Call(TEFL_OP_RMSNORM_FWD, in, out);
+  EXPECT_EQ(s.code(), TEFL_INVALID_ARGUMENT);
+  EXPECT_NE(s.message().find("address beyond 2^62 bytes"), std::string::npos) << s.message();
+  EXPECT_EQ(z, std::vector<float>(64));  // nothing written
+}
+}  // namespace
+}  // namespace tefl

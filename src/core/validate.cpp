@@ -73,22 +73,30 @@ bool ExactAlias(const DLTensor* a, const DLTensor* b) {
   return true;
 }
 
-// Byte range [lo, hi) a non-empty tensor's elements occupy.
-void ByteRange(const DLTensor* t, int64_t numel, uintptr_t* lo, uintptr_t* hi) {
+// Byte range [lo, hi) a non-empty tensor's elements occupy. False when the
+// strides put an element beyond what int64 byte offsets can address.
+bool ByteRange(const DLTensor* t, int64_t numel, uintptr_t* lo, uintptr_t* hi) {
   const uintptr_t base = reinterpret_cast<uintptr_t>(t->data) + t->byte_offset;
   const int64_t bits = t->dtype.bits * int64_t(t->dtype.lanes);
   if (t->strides == nullptr) {
     *lo = base;
     *hi = base + (uintptr_t(numel * bits + 7) >> 3);
-    return;
+    return true;
   }
   int64_t min_off = 0, max_off = 0;
+  bool overflow = false;
   for (int d = 0; d < t->ndim; ++d) {
-    const int64_t span = (t->shape[d] - 1) * t->strides[d];
-    (span < 0 ? min_off : max_off) += span;
+    int64_t span;
+    overflow |= __builtin_mul_overflow(t->shape[d] - 1, t->strides[d], &span);
+    overflow |= __builtin_add_overflow(span < 0 ? min_off : max_off, span, span < 0 ? &min_off : &max_off);
   }
-  *lo = base + uintptr_t(min_off * bits / 8);
-  *hi = base + uintptr_t(((max_off + 1) * bits + 7) / 8);
+  int64_t lo_bits, hi_bits;
+  overflow |= __builtin_mul_overflow(min_off, bits, &lo_bits);
+  overflow |= __builtin_mul_overflow(max_off + 1, bits, &hi_bits);
+  if (overflow || hi_bits > (int64_t(1) << 62)) return false;
+  *lo = base + uintptr_t(lo_bits / 8);
+  *hi = base + (uintptr_t(hi_bits + 7) >> 3);
+  return true;
 }
 
 }  // namespace
@@ -137,17 +145,17 @@ tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key)
     const int64_t* shape = t->shape;
     if (ndim > 0 && shape == nullptr) return ArgError(op, i, "shape is NULL");
     int64_t numel = 1, any_negative = 0;
-    bool compact = true;
+    bool compact = true, overflow = false;
     if (t->strides == nullptr) {
       for (int d = 0; d < ndim; ++d) {
-        numel *= shape[d];
+        overflow |= __builtin_mul_overflow(numel, shape[d], &numel);
         any_negative |= shape[d];
       }
     } else {
       int64_t expected_stride = 1;
       for (int d = ndim - 1; d >= 0; --d) {
         if (shape[d] != 1 && t->strides[d] != expected_stride) compact = false;
-        expected_stride *= shape[d];
+        overflow |= __builtin_mul_overflow(expected_stride, shape[d], &expected_stride);
         any_negative |= shape[d];
       }
       numel = expected_stride;
@@ -156,9 +164,15 @@ tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key)
       for (int d = 0; d < ndim; ++d)
         if (shape[d] < 0) return ArgError(op, i, fmt::format("dimension {} is negative ({})", d, shape[d]));
     }
+    // Element count (and its bytes, below) must fit: a shape from a corrupt
+    // caller must not turn into wrapped arithmetic.
+    if (overflow || numel > (int64_t(1) << 56)) {
+      return ArgError(op, i, fmt::format("shape {} has too many elements", ShapeString(t)));
+    }
     if (numel > 0) {
       if (t->data == nullptr) return ArgError(op, i, fmt::format("data is NULL for a tensor of {} elements", numel));
-      ByteRange(t, numel, &lo[i], &hi[i]);
+      if (!ByteRange(t, numel, &lo[i], &hi[i]))
+        return ArgError(op, i, fmt::format("strides of shape {} address beyond 2^62 bytes", ShapeString(t)));
     }
     uint64_t dev;
     static_assert(sizeof(DLDevice) == sizeof(dev));
