@@ -64,13 +64,13 @@ bool SameShape(const DLTensor* a, const DLTensor* b) {
   return true;
 }
 
-// Each norm call is described by the index of x, of tensors shaped like x, of
-// per-row statistics and of per-column vectors.
+// Each norm call is described by the index of x, of tensors shaped like x,
+// of per-row statistics and of per-column vectors (counts, then indices).
 struct NormLayout {
   int x;
-  int like_x[4];
-  int stats[2];
-  int cols[3];
+  int n_like_x, like_x[3];
+  int n_stats, stats[2];
+  int n_cols, cols[3];
 };
 
 tefl_status* CheckNorm(const OpSchema& op, const CallArgs& args, const NormLayout& l) {
@@ -80,29 +80,28 @@ tefl_status* CheckNorm(const OpSchema& op, const CallArgs& args, const NormLayou
   if (h < 1) return ArgError(op, l.x, fmt::format("expected hidden size (last dim) >= 1, got shape {}", ShapeString(x)));
   int64_t rows = 1;
   for (int d = 0; d + 1 < x->ndim; ++d) rows *= x->shape[d];
-  for (int i : l.like_x) {
-    if (i < 0) continue;
-    const DLTensor* t = TensorAt(args, i);
+  for (int k = 0; k < l.n_like_x; ++k) {
+    const DLTensor* t = TensorAt(args, l.like_x[k]);
     if (!SameShape(t, x))
-      return ArgError(op, i, fmt::format("expected shape {} (that of 'x'), got {}", ShapeString(x), ShapeString(t)));
+      return ArgError(op, l.like_x[k],
+                      fmt::format("expected shape {} (that of 'x'), got {}", ShapeString(x), ShapeString(t)));
   }
-  for (int i : l.stats) {
-    if (i < 0) continue;
-    const DLTensor* t = TensorAt(args, i);
-    bool ok = (t->ndim == 1 && t->shape[0] == rows);
-    if (!ok && t->ndim == x->ndim - 1) {
+  for (int k = 0; k < l.n_stats; ++k) {
+    const DLTensor* t = TensorAt(args, l.stats[k]);
+    bool ok = t->ndim == 1 && t->shape[0] == rows;
+    if (!ok && t->ndim == x->ndim - 1) {  // x.shape[:-1] is accepted too
       ok = true;
       for (int d = 0; d < t->ndim; ++d) ok = ok && t->shape[d] == x->shape[d];
     }
     if (!ok)
-      return ArgError(op, i, fmt::format("expected shape [{}] (N = rows of 'x' {}), got {}", rows, ShapeString(x),
-                                         ShapeString(t)));
+      return ArgError(op, l.stats[k], fmt::format("expected shape [{}] (N = rows of 'x' {}), got {}", rows,
+                                                  ShapeString(x), ShapeString(t)));
   }
-  for (int i : l.cols) {
-    if (i < 0) continue;
-    const DLTensor* t = TensorAt(args, i);
+  for (int k = 0; k < l.n_cols; ++k) {
+    const DLTensor* t = TensorAt(args, l.cols[k]);
     if (t->ndim != 1 || t->shape[0] != h)
-      return ArgError(op, i, fmt::format("expected shape [{}] (H = last dim of 'x'), got {}", h, ShapeString(t)));
+      return ArgError(op, l.cols[k],
+                      fmt::format("expected shape [{}] (H = last dim of 'x'), got {}", h, ShapeString(t)));
   }
   return nullptr;
 }
@@ -112,14 +111,16 @@ template <const NormLayout& kLayout>
 tefl_status* CheckNormOf(const OpSchema& op, const CallArgs& a) {
   return CheckNorm(op, a, kLayout);
 }
-constexpr NormLayout kLayerNormFwd = {0, {3, -1, -1, -1}, {4, 5}, {1, 2, -1}};
-constexpr NormLayout kRmsNormFwd = {0, {2, -1, -1, -1}, {3, -1}, {1, -1, -1}};
+// in: x0 gamma1 beta2; out: z3 mu4 rsigma5
+constexpr NormLayout kLayerNormFwd = {0, 1, {3}, 2, {4, 5}, 2, {1, 2}};
+// in: x0 gamma1; out: z2 rsigma3
+constexpr NormLayout kRmsNormFwd = {0, 1, {2}, 1, {3}, 1, {1}};
 // in: dz0 x1 mu2 rsigma3 gamma4; out: dx5 dgamma6 dbeta7
-constexpr NormLayout kLayerNormBwd = {1, {0, 5, -1, -1}, {2, 3}, {4, 6, 7}};
+constexpr NormLayout kLayerNormBwd = {1, 2, {0, 5}, 2, {2, 3}, 3, {4, 6, 7}};
 // in: dz0 x1 rsigma2 gamma3; out: dx4 dgamma5
-constexpr NormLayout kRmsNormBwd = {1, {0, 4, -1, -1}, {2, -1}, {3, 5, -1}};
+constexpr NormLayout kRmsNormBwd = {1, 2, {0, 4}, 1, {2}, 2, {3, 5}};
 // in: dz0 x1 add2 rsigma3 gamma4; out: dx5 dgamma6
-constexpr NormLayout kRmsNormBwdAdd = {1, {0, 2, 5, -1}, {3, -1}, {4, 6, -1}};
+constexpr NormLayout kRmsNormBwdAdd = {1, 3, {0, 2, 5}, 1, {3}, 2, {4, 6}};
 constexpr ShapeCheckFn CheckLayerNormFwd = CheckNormOf<kLayerNormFwd>;
 constexpr ShapeCheckFn CheckRmsNormFwd = CheckNormOf<kRmsNormFwd>;
 constexpr ShapeCheckFn CheckLayerNormBwd = CheckNormOf<kLayerNormBwd>;

@@ -115,11 +115,6 @@ tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key)
                            fmt::format("{}: the inputs/outputs array is NULL", op.name).c_str());
   }
   const int n = nin + nout;
-  // Flat views of the arguments (inputs then outputs) for the loops below.
-  const DLTensor* tensors[kMaxOpArgs];
-  const ArgSchema* schemas[kMaxOpArgs];
-  for (int i = 0; i < nin; ++i) tensors[i] = args.inputs[i], schemas[i] = &op.inputs[size_t(i)];
-  for (int i = 0; i < nout; ++i) tensors[nin + i] = args.outputs[i], schemas[nin + i] = &op.outputs[size_t(i)];
   uint64_t tw[3] = {0, 0, 0};
   int tw_word = 0, tw_shift = 0;
   const DLTensor* first = nullptr;
@@ -127,17 +122,20 @@ tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key)
   uintptr_t lo[kMaxOpArgs], hi[kMaxOpArgs];  // byte range of each tensor (empty: lo == hi)
   uint64_t device_bits = 0;  // DLDevice of the first tensor, as one word
   for (int i = 0; i < n; ++i) {
-    const DLTensor* t = tensors[i];
+    // Inputs then outputs (no copy into a flat array: this loop is the hot path).
+    const bool is_input = i < nin;
+    const DLTensor* t = is_input ? args.inputs[i] : args.outputs[i - nin];
+    const ArgSchema& schema = is_input ? op.inputs.data()[i] : op.outputs.data()[i - nin];
     lo[i] = hi[i] = 0;  // an empty range never overlaps
     if (t == nullptr) {
-      if (!schemas[i]->optional) return ArgError(op, i, "is required, got NULL");
+      if (!schema.optional) return ArgError(op, i, "is required, got NULL");
       tw_shift += 12;  // absent: all code bits 0
       if (tw_shift == 60) tw_shift = 0, ++tw_word;
       continue;
     }
     const DType dt = DTypeOf(t->dtype);
-    if (!((schemas[i]->dtypes >> unsigned(dt)) & 1u)) {
-      return ArgError(op, i, fmt::format("expected dtype in {}, got {}", DTypeSetString(schemas[i]->dtypes),
+    if (!((schema.dtypes >> unsigned(dt)) & 1u)) {
+      return ArgError(op, i, fmt::format("expected dtype in {}, got {}", DTypeSetString(schema.dtypes),
                                          DLTypeString(t->dtype)));
     }
     const int ndim = t->ndim;
@@ -232,10 +230,15 @@ tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key)
   }
   bool in_place = false;
   if (op.flags & kOpNoAlias) {
-    for (int o = nin; o < n; ++o) {
+    // Branch-free screen first (empty ranges are [0, 0) and never overlap);
+    // the loop that names the pair runs only when something overlaps.
+    bool any_overlap = false;
+    for (int o = nin; o < n; ++o)
+      for (int i = 0; i < n; ++i) any_overlap |= (i != o) & (lo[i] < hi[o]) & (lo[o] < hi[i]);
+    for (int o = nin; any_overlap && o < n; ++o) {
       for (int i = 0; i < n; ++i) {  // every output against every other argument
-        if (i == o || !(lo[i] < hi[o] && lo[o] < hi[i])) continue;  // empty ranges are [0, 0)
-        if (o - nin == op.inplace_output && i == op.inplace_input && ExactAlias(tensors[o], tensors[i])) {
+        if (i == o || !(lo[i] < hi[o] && lo[o] < hi[i])) continue;
+        if (o - nin == op.inplace_output && i == op.inplace_input && ExactAlias(TensorAt(args, o), TensorAt(args, i))) {
           in_place = true;
           continue;
         }
