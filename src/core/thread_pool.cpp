@@ -1,6 +1,6 @@
 #include "core/thread_pool.h"
 
-#include <unistd.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <atomic>
@@ -109,18 +109,31 @@ int ConfiguredSize() {
 }
 
 std::mutex g_pool_mu;
-Pool* g_pool = nullptr;  // leaked at exit on purpose: workers may be mid-job
-pid_t g_pool_pid = 0;
+std::atomic<Pool*> g_pool{nullptr};  // leaked at exit on purpose: workers may be mid-job
 thread_local bool t_in_pool_job = false;
 
+// fork(): hold g_pool_mu across it so the child never inherits it locked; the
+// child cannot use the parent's workers (they do not exist there), so it
+// abandons that pool and builds its own on first use.
+void AtForkPrepare() { g_pool_mu.lock(); }
+void AtForkParent() { g_pool_mu.unlock(); }
+void AtForkChild() {
+  g_pool.store(nullptr, std::memory_order_relaxed);
+  g_pool_mu.unlock();
+}
+
 Pool* GetPool() {
+  Pool* pool = g_pool.load(std::memory_order_acquire);
+  if (pool != nullptr) return pool;  // the hot path: one load, no syscall, no lock
+  static std::once_flag atfork_once;
+  std::call_once(atfork_once, [] { pthread_atfork(AtForkPrepare, AtForkParent, AtForkChild); });
   std::lock_guard<std::mutex> lock(g_pool_mu);
-  if (g_pool == nullptr || g_pool_pid != getpid()) {
-    // In a forked child the old workers do not exist: abandon that pool.
-    g_pool = new Pool(ConfiguredSize());
-    g_pool_pid = getpid();
+  pool = g_pool.load(std::memory_order_relaxed);
+  if (pool == nullptr) {
+    pool = new Pool(ConfiguredSize());
+    g_pool.store(pool, std::memory_order_release);
   }
-  return g_pool;
+  return pool;
 }
 
 }  // namespace
