@@ -489,6 +489,31 @@ TEST(NormConformanceSpecial, LargeAlignedOutputs) {
 
 // The implementations this file covers (printed for the log; at least the
 // two built-ins for every op).
+// rmsnorm_bwd_add in place (dx is add): every implementation gives what it
+// gives out of place, in every float dtype.
+TEST(NormConformanceSpecial, RmsNormBwdAddInPlace) {
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (const std::string& impl : CpuImplementations("rmsnorm_bwd_add")) {
+      SCOPED_TRACE(std::string(DTypeName(dt)) + " " + impl);
+      Tensor dz(dt, {5, 67}), x(dt, {5, 67}), add(dt, {5, 67}), rs(DType::kF32, {5}), g(dt, {67});
+      dz.Uniform("dz");
+      x.Uniform("x");
+      add.Uniform("add");
+      rs.Uniform("rs", 0.5, 1.5);
+      g.Uniform("g");
+      Tensor dx(dt, {5, 67}), dg(dt, {67}), dg2(dt, {67});
+      tefl_norm_bwd_attrs attrs{TEFL_NORM_BWD_ATTRS_STRUCT_SIZE, 0, 0};
+      const Status out_of_place = RunImpl("rmsnorm_bwd_add", impl, {&dz, &x, &add, &rs, &g}, {&dx, &dg}, &attrs);
+      if (!MustServe(impl) && out_of_place.IsUnsupported()) continue;
+      ASSERT_TRUE(out_of_place.ok()) << out_of_place.ToString();
+      Tensor inplace = add;  // becomes dx
+      ASSERT_TRUE(RunImpl("rmsnorm_bwd_add", impl, {&dz, &x, &inplace, &rs, &g}, {&inplace, &dg2}, &attrs).ok());
+      EXPECT_TRUE(inplace.SameBytes(dx)) << "in-place dx differs from out-of-place dx";
+      EXPECT_TRUE(dg2.SameBytes(dg));
+    }
+  }
+}
+
 TEST(NormConformanceSpecial, ImplementationsCovered) {
   for (const char* op : kOps) {
     const std::vector<std::string> ids = CpuImplementations(op);

@@ -1087,3 +1087,27 @@ TEST(ValidationLimits, OverflowingShapesAndStrides) {
 }
 }  // namespace
 }  // namespace tefl
+
+namespace tefl {
+namespace {
+// Kernels load whole elements: a misaligned first element is refused.
+TEST(ValidationLimits, MisalignedData) {
+  OpManager mgr;
+  std::vector<float> data(65), gamma(8), z(64), rs(8);
+  int64_t xs[2] = {8, 8}, gs[1] = {8}, rss[1] = {8};
+  DLTensor x{data.data(), {kDLCPU, 0}, 2, {kDLFloat, 32, 1}, xs, nullptr, 2};  // 2 bytes into a float
+  DLTensor g{gamma.data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, gs, nullptr, 0};
+  DLTensor tz{z.data(), {kDLCPU, 0}, 2, {kDLFloat, 32, 1}, xs, nullptr, 0};
+  DLTensor trs{rs.data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, rss, nullptr, 0};
+  const DLTensor* in[] = {&x, &g};
+  DLTensor* out[] = {&tz, &trs};
+  Status s = mgr.Call(TEFL_OP_RMSNORM_FWD, in, out);
+  EXPECT_EQ(s.code(), TEFL_INVALID_ARGUMENT);
+  EXPECT_NE(s.message().find("argument 'x' (input 0): data + byte_offset is not aligned to the element size (4 bytes)"),
+            std::string::npos)
+      << s.message();
+  x.byte_offset = 4;  // one whole float in: fine
+  EXPECT_TRUE(mgr.Call(TEFL_OP_RMSNORM_FWD, in, out).ok());
+}
+}  // namespace
+}  // namespace tefl

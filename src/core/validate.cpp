@@ -169,6 +169,13 @@ tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key)
     }
     if (numel > 0) {
       if (t->data == nullptr) return ArgError(op, i, fmt::format("data is NULL for a tensor of {} elements", numel));
+      // Kernels may load whole elements: the first element must be aligned to its size.
+      const uintptr_t first_byte = reinterpret_cast<uintptr_t>(t->data) + t->byte_offset;
+      const unsigned elem_bytes = t->dtype.bits >= 8 ? t->dtype.bits / 8u : 1u;
+      if (first_byte & (elem_bytes - 1)) {
+        return ArgError(op, i, fmt::format("data + byte_offset is not aligned to the element size ({} bytes)",
+                                           elem_bytes));
+      }
       if (!ByteRange(t, numel, &lo[i], &hi[i]))
         return ArgError(op, i, fmt::format("strides of shape {} address beyond 2^62 bytes", ShapeString(t)));
     }

@@ -1,0 +1,873 @@
+// default.portable normalization kernels: layernorm_fwd/bwd, rmsnorm_fwd/bwd,
+// rmsnorm_bwd_add (maths in spec/ops.md, "Normalization").
+//
+// Google Highway with runtime ISA dispatch (foreach_target.h): this file is
+// compiled once per x86 target Highway knows, and HWY_DYNAMIC_DISPATCH picks
+// the best one the CPU supports. Rows are spread over the host thread pool.
+//
+// Numerics:
+//  - Row statistics (sum, sum of squares, mdy, mdyy) accumulate in double, so
+//    rows of huge (|x| ~ 1e30, x^2 overflows fp32) or tiny (1e-30) magnitude
+//    match a double-precision reference. LayerNorm's first pass only finds a
+//    shift near the mean, in fp32 (see RowMeanVar): the f32 -> f64
+//    conversions are what bounds these loops, not memory (Zen 4, bf16).
+//  - Elementwise outputs are computed in fp32 and rounded once to the output
+//    dtype (round to nearest even, NaN stays NaN). z = (x - mu_f) *
+//    (rsigma_f * g) + beta with fp32 mu_f, as TE does: rows with
+//    |mean| >> stddev (~1e2 and up) lose the low bits of x - mu in z.
+//  - dgamma/dbeta: rows are split into num_threads() fixed blocks, each block
+//    sums its rows into a private double [H] buffer, and the buffers are added
+//    in block order: deterministic for a given thread count.
+//
+// Host contract (validated before the call): CPU tensors, compact row-major,
+// element-aligned data, float dtypes (fp32/fp16/bf16, each tensor on its own;
+// mu and rsigma fp32), outputs do not alias inputs except rmsnorm_bwd_add's dx
+// exactly over add, H = last dim of x >= 1.
+#include <hwy/cache_control.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "backends/backends.h"
+#include "core/dtype.h"
+#include "tefl/ops.h"
+#include "tefl/tefl.h"
+
+// ---- State shared by every target (defined once) ---------------------------
+#ifndef TEFL_BACKENDS_PORTABLE_NORMALIZATION_SHARED_
+#define TEFL_BACKENDS_PORTABLE_NORMALIZATION_SHARED_
+namespace tefl::backends {
+namespace {
+
+// One forward call. g is gamma (+1 with zero_centered_gamma) and b is beta,
+// both converted to fp32 once per call; b is NULL for RMSNorm.
+struct FwdArgs {
+  bool layernorm;
+  DType tx, tz;
+  int64_t h;
+  double eps;
+  const void* x;
+  void* z;
+  const float* g;
+  const float* b;
+  float* mu;  // NULL for RMSNorm
+  float* rsigma;
+  bool stream;  // non-temporal z stores (large outputs, aligned rows)
+};
+
+// One backward call. add is NULL except for rmsnorm_bwd_add; mu is NULL for
+// RMSNorm; dgamma/dbeta go to per-block double partials, not to tensors.
+struct BwdArgs {
+  bool layernorm;
+  DType tdz, tx, tadd, tdx;
+  int64_t h;
+  const void* dz;
+  const void* x;
+  const void* add;
+  const float* mu;
+  const float* rsigma;
+  const float* g;
+  void* dx;
+};
+
+inline size_t ElemSize(DType t) { return t == DType::kF32 ? 4 : 2; }
+
+}  // namespace
+}  // namespace tefl::backends
+#endif  // TEFL_BACKENDS_PORTABLE_NORMALIZATION_SHARED_
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "backends/portable/normalization.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+// ---- Per-target kernels ------------------------------------------------------
+HWY_BEFORE_NAMESPACE();
+namespace tefl::backends::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Highway 1.0.3 converts fp16 <-> fp32 exactly only with F16C (x86 AVX2 and
+// up). Its software fallback truncates and maps inf/NaN to finite values, so
+// the other targets go through dtype.h's scalar conversions.
+#undef TEFL_NORM_NATIVE_F16
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2 && !defined(HWY_DISABLE_F16C)
+#define TEFL_NORM_NATIVE_F16 1
+#else
+#define TEFL_NORM_NATIVE_F16 0
+#endif
+
+using hwy::bfloat16_t;
+using hwy::float16_t;
+
+// ---- Scalar element access (tails; fp16 on targets without F16C) ----------
+inline float ScalarLoad(const float* p) { return *p; }
+inline float ScalarLoad(const bfloat16_t* p) {
+  uint16_t b;
+  std::memcpy(&b, p, 2);
+  return BF16ToFloat(b);
+}
+inline float ScalarLoad(const float16_t* p) {
+  uint16_t b;
+  std::memcpy(&b, p, 2);
+  return F16ToFloat(b);
+}
+inline void ScalarStore(float v, float* p) { *p = v; }
+inline void ScalarStore(float v, bfloat16_t* p) {
+  const uint16_t b = FloatToBF16(v);
+  std::memcpy(p, &b, 2);
+}
+inline void ScalarStore(float v, float16_t* p) {
+  const uint16_t b = FloatToF16(v);
+  std::memcpy(p, &b, 2);
+}
+
+// ---- Vector loads: Lanes(df) elements of any float dtype as fp32 ----------
+template <class DF>
+HWY_INLINE hn::Vec<DF> LoadF(DF df, const float* HWY_RESTRICT p) {
+  return hn::LoadU(df, p);
+}
+template <class DF>
+HWY_INLINE hn::Vec<DF> LoadF(DF df, const bfloat16_t* HWY_RESTRICT p) {
+  const hn::Rebind<bfloat16_t, DF> dbf;
+  return hn::PromoteTo(df, hn::LoadU(dbf, p));  // exact: a shift
+}
+template <class DF>
+HWY_INLINE hn::Vec<DF> LoadF(DF df, const float16_t* HWY_RESTRICT p) {
+#if TEFL_NORM_NATIVE_F16
+  const hn::Rebind<float16_t, DF> dh;
+  return hn::PromoteTo(df, hn::LoadU(dh, p));
+#else
+  HWY_ALIGN float buf[hn::MaxLanes(df)];
+  for (size_t i = 0; i < hn::Lanes(df); ++i) buf[i] = ScalarLoad(p + i);
+  return hn::Load(df, buf);
+#endif
+}
+
+// ---- Vector stores: fp32 lanes rounded once to the destination dtype ------
+template <class DF>
+HWY_INLINE void StoreF(hn::Vec<DF> v, DF df, float* HWY_RESTRICT p) {
+  hn::StoreU(v, df, p);
+}
+
+// bf16 round to nearest even by hand (Highway 1.0.3's DemoteTo truncates):
+// returns the fp32 bits with the rounded bf16 in the upper half, i.e.
+// bits + 0x7FFF + lsb; a NaN keeps its payload with the quiet bit set (the
+// bias could carry a NaN into the sign bit).
+template <class DF>
+HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> RoundBF16Hi(hn::Vec<DF> v, DF df) {
+  const hn::RebindToUnsigned<DF> du;
+  const auto bits = hn::BitCast(du, v);
+  const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
+  const auto rounded = hn::Add(bits, hn::Add(hn::Set(du, 0x7FFFu), lsb));
+  const auto quiet_nan = hn::Or(bits, hn::Set(du, 0x00400000u));
+  return hn::IfThenElse(hn::RebindMask(du, hn::Ne(v, v)), quiet_nan, rounded);
+}
+// One vector's bf16 bits, narrowed: the upper halves fit in [0, 65535], so
+// the saturating int32 -> uint16 demotion is exact.
+template <class DF>
+HWY_INLINE hn::Vec<hn::Rebind<uint16_t, DF>> RoundToBF16Bits(hn::Vec<DF> v, DF df) {
+  const hn::RebindToSigned<DF> di;
+  const hn::Rebind<uint16_t, DF> du16;
+  return hn::DemoteTo(du16, hn::BitCast(di, hn::ShiftRight<16>(RoundBF16Hi(v, df))));
+}
+#if HWY_TARGET != HWY_SCALAR
+// Two vectors' bf16 bits as one full vector: the odd u16 lanes are the upper
+// halves, so one ConcatOdd replaces two shifts and demotions.
+template <class DF>
+HWY_INLINE hn::Vec<hn::Repartition<uint16_t, DF>> RoundToBF16Bits2(hn::Vec<DF> v0, hn::Vec<DF> v1, DF df) {
+  const hn::Repartition<uint16_t, DF> du16;
+  return hn::ConcatOdd(du16, hn::BitCast(du16, RoundBF16Hi(v1, df)), hn::BitCast(du16, RoundBF16Hi(v0, df)));
+}
+#endif
+
+template <class DF>
+HWY_INLINE void StoreF(hn::Vec<DF> v, DF df, bfloat16_t* HWY_RESTRICT p) {
+  const hn::Rebind<uint16_t, DF> du16;
+  hn::StoreU(RoundToBF16Bits(v, df), du16, reinterpret_cast<uint16_t*>(p));
+}
+template <class DF>
+HWY_INLINE void StoreF(hn::Vec<DF> v, DF df, float16_t* HWY_RESTRICT p) {
+#if TEFL_NORM_NATIVE_F16
+  const hn::Rebind<float16_t, DF> dh;  // F16C vcvtps2ph: nearest even
+  hn::StoreU(hn::DemoteTo(dh, v), dh, p);
+#else
+  HWY_ALIGN float buf[hn::MaxLanes(df)];
+  hn::Store(v, df, buf);
+  for (size_t i = 0; i < hn::Lanes(df); ++i) ScalarStore(buf[i], p + i);
+#endif
+}
+
+// Already-encoded 16-bit lanes (the bf16 pair path).
+template <class D16>
+HWY_INLINE void StoreF(hn::Vec<D16> bits, D16 d16, uint16_t* HWY_RESTRICT p) {
+  hn::StoreU(bits, d16, p);
+}
+
+// Non-temporal variants; p must be aligned to the stored vector's size.
+template <class D16>
+HWY_INLINE void StreamF(hn::Vec<D16> bits, D16 d16, uint16_t* HWY_RESTRICT p) {
+  hn::Stream(bits, d16, p);
+}
+template <class DF>
+HWY_INLINE void StreamF(hn::Vec<DF> v, DF df, float* HWY_RESTRICT p) {
+  hn::Stream(v, df, p);
+}
+template <class DF>
+HWY_INLINE void StreamF(hn::Vec<DF> v, DF df, bfloat16_t* HWY_RESTRICT p) {
+  const hn::Rebind<uint16_t, DF> du16;
+  hn::Stream(RoundToBF16Bits(v, df), du16, reinterpret_cast<uint16_t*>(p));
+}
+template <class DF>
+HWY_INLINE void StreamF(hn::Vec<DF> v, DF df, float16_t* HWY_RESTRICT p) {
+#if TEFL_NORM_NATIVE_F16
+  const hn::Rebind<uint16_t, DF> du16;
+  const hn::Rebind<float16_t, DF> dh;
+  hn::Stream(hn::BitCast(du16, hn::DemoteTo(dh, v)), du16, reinterpret_cast<uint16_t*>(p));
+#else
+  StoreF(v, df, p);
+#endif
+}
+
+// ---- Row statistics ----------------------------------------------------------
+
+// 2 * Lanes(df) elements from p as two fp32 vectors, in an unspecified lane
+// order (sums do not care). For bf16 a u32 lane holds two values:
+// `bits << 16` and `bits & 0xFFFF0000` are both of them, with no shuffle.
+template <class DF, class T>
+HWY_INLINE void Load2(DF df, const T* HWY_RESTRICT p, hn::Vec<DF>& a, hn::Vec<DF>& b) {
+  a = LoadF(df, p);
+  b = LoadF(df, p + hn::Lanes(df));
+}
+template <class DF>
+HWY_INLINE void Load2(DF df, const bfloat16_t* HWY_RESTRICT p, hn::Vec<DF>& a, hn::Vec<DF>& b) {
+  const hn::RebindToUnsigned<DF> du;
+  const auto w = hn::LoadU(du, reinterpret_cast<const uint32_t*>(p));
+  a = hn::BitCast(df, hn::ShiftLeft<16>(w));
+  b = hn::BitCast(df, hn::And(w, hn::Set(du, 0xFFFF0000u)));
+}
+
+// The double statistics promote half-width fp32 vectors (as many lanes as a
+// double vector); four accumulators hide the add latency.
+
+// sum(x) in double.
+template <class T>
+HWY_INLINE double RowSum(const T* HWY_RESTRICT x, size_t h) {
+  const hn::ScalableTag<double> dd;
+  const hn::Rebind<float, decltype(dd)> dfh;
+  const size_t n = hn::Lanes(dd);
+  auto s0 = hn::Zero(dd), s1 = hn::Zero(dd), s2 = hn::Zero(dd), s3 = hn::Zero(dd);
+  hn::Vec<decltype(dfh)> f0, f1, f2, f3;
+  size_t i = 0;
+  for (; i + 4 * n <= h; i += 4 * n) {
+    Load2(dfh, x + i, f0, f1);
+    Load2(dfh, x + i + 2 * n, f2, f3);
+    s0 = hn::Add(s0, hn::PromoteTo(dd, f0));
+    s1 = hn::Add(s1, hn::PromoteTo(dd, f1));
+    s2 = hn::Add(s2, hn::PromoteTo(dd, f2));
+    s3 = hn::Add(s3, hn::PromoteTo(dd, f3));
+  }
+  double s = hn::GetLane(hn::SumOfLanes(dd, hn::Add(hn::Add(s0, s1), hn::Add(s2, s3))));
+  for (; i < h; ++i) s += double(ScalarLoad(x + i));
+  return s;
+}
+
+// sum(x^2) in double (RMSNorm).
+template <class T>
+HWY_INLINE double RowSumSq(const T* HWY_RESTRICT x, size_t h) {
+  const hn::ScalableTag<double> dd;
+  const hn::Rebind<float, decltype(dd)> dfh;
+  const size_t n = hn::Lanes(dd);
+  auto s0 = hn::Zero(dd), s1 = hn::Zero(dd), s2 = hn::Zero(dd), s3 = hn::Zero(dd);
+  hn::Vec<decltype(dfh)> f0, f1, f2, f3;
+  size_t i = 0;
+  for (; i + 4 * n <= h; i += 4 * n) {
+    Load2(dfh, x + i, f0, f1);
+    Load2(dfh, x + i + 2 * n, f2, f3);
+    const auto d0 = hn::PromoteTo(dd, f0), d1 = hn::PromoteTo(dd, f1);
+    const auto d2 = hn::PromoteTo(dd, f2), d3 = hn::PromoteTo(dd, f3);
+    s0 = hn::MulAdd(d0, d0, s0);
+    s1 = hn::MulAdd(d1, d1, s1);
+    s2 = hn::MulAdd(d2, d2, s2);
+    s3 = hn::MulAdd(d3, d3, s3);
+  }
+  double s = hn::GetLane(hn::SumOfLanes(dd, hn::Add(hn::Add(s0, s1), hn::Add(s2, s3))));
+  for (; i < h; ++i) {
+    const double d = double(ScalarLoad(x + i));
+    s += d * d;
+  }
+  return s;
+}
+
+// Approximate sum(x) in fp32: LayerNorm's first pass only needs a shift m
+// near the mean (see RowMeanVar), and fp32 adds avoid the conversions.
+// Non-finite when x has inf/NaN or the fp32 sum overflows.
+template <class T>
+HWY_INLINE float RowSumF32(const T* HWY_RESTRICT x, size_t h) {
+  const hn::ScalableTag<float> df;
+  const size_t n = hn::Lanes(df);
+  auto s0 = hn::Zero(df), s1 = hn::Zero(df), s2 = hn::Zero(df), s3 = hn::Zero(df);
+  hn::Vec<decltype(df)> f0, f1, f2, f3;
+  size_t i = 0;
+  for (; i + 4 * n <= h; i += 4 * n) {
+    Load2(df, x + i, f0, f1);
+    Load2(df, x + i + 2 * n, f2, f3);
+    s0 = hn::Add(s0, f0);
+    s1 = hn::Add(s1, f1);
+    s2 = hn::Add(s2, f2);
+    s3 = hn::Add(s3, f3);
+  }
+  float s = hn::GetLane(hn::SumOfLanes(df, hn::Add(hn::Add(s0, s1), hn::Add(s2, s3))));
+  for (; i < h; ++i) s += ScalarLoad(x + i);
+  return s;
+}
+
+// sum(x - m) and sum((x - m)^2) in double. For fp32 x and m, x - m is exact
+// in double (barring exponent gaps over 29 bits: then rounded once). It is
+// computed as x * 1 + (-m): an FMA rounds exactly like the subtraction but
+// issues on the FMA pipes, which the conversions leave idle.
+template <class T>
+HWY_INLINE void RowShiftedSums(const T* HWY_RESTRICT x, size_t h, double m, double& sum_d, double& sum_dd) {
+  const hn::ScalableTag<double> dd;
+  const hn::Rebind<float, decltype(dd)> dfh;
+  const size_t n = hn::Lanes(dd);
+  const auto one = hn::Set(dd, 1.0);
+  const auto neg_m = hn::Set(dd, -m);
+  auto q0 = hn::Zero(dd), q1 = hn::Zero(dd), q2 = hn::Zero(dd), q3 = hn::Zero(dd);
+  auto e0 = hn::Zero(dd), e1 = hn::Zero(dd);
+  hn::Vec<decltype(dfh)> f0, f1, f2, f3;
+  size_t i = 0;
+  for (; i + 4 * n <= h; i += 4 * n) {
+    Load2(dfh, x + i, f0, f1);
+    Load2(dfh, x + i + 2 * n, f2, f3);
+    const auto d0 = hn::MulAdd(hn::PromoteTo(dd, f0), one, neg_m);
+    const auto d1 = hn::MulAdd(hn::PromoteTo(dd, f1), one, neg_m);
+    const auto d2 = hn::MulAdd(hn::PromoteTo(dd, f2), one, neg_m);
+    const auto d3 = hn::MulAdd(hn::PromoteTo(dd, f3), one, neg_m);
+    q0 = hn::MulAdd(d0, d0, q0);
+    q1 = hn::MulAdd(d1, d1, q1);
+    q2 = hn::MulAdd(d2, d2, q2);
+    q3 = hn::MulAdd(d3, d3, q3);
+    e0 = hn::Add(e0, hn::Add(d0, d1));
+    e1 = hn::Add(e1, hn::Add(d2, d3));
+  }
+  double s1 = hn::GetLane(hn::SumOfLanes(dd, hn::Add(e0, e1)));
+  double s2 = hn::GetLane(hn::SumOfLanes(dd, hn::Add(hn::Add(q0, q1), hn::Add(q2, q3))));
+  for (; i < h; ++i) {
+    const double d = double(ScalarLoad(x + i)) - m;
+    s1 += d;
+    s2 += d * d;
+  }
+  sum_d = s1;
+  sum_dd = s2;
+}
+
+// LayerNorm mean and population variance in two passes over the row.
+// Pass 1: a shift m = the mean estimated in fp32 (the double sum when that is
+// not finite). Pass 2: with d = x - m in double, mean = m + sum(d)/h and
+// var = sum(d^2)/h - (sum(d)/h)^2. m is off the mean by fp32 rounding only,
+// so the subtraction cancels next to nothing (relative error ~ h * 2^-53 *
+// (1 + (mean - m)^2 / var)): the result matches the two-pass double
+// reference, at one f32 -> f64 conversion per element instead of two.
+// inf/NaN in x give a non-finite mean and a NaN variance, as the reference.
+template <class T>
+HWY_INLINE void RowMeanVar(const T* HWY_RESTRICT x, size_t h, double& mean, double& var) {
+  const double inv_h = 1.0 / double(h);
+  double m = double(RowSumF32(x, h)) * inv_h;
+  if (!std::isfinite(m)) {
+    m = RowSum(x, h) * inv_h;  // overflow in fp32, or inf/NaN in x
+    if (!std::isfinite(m)) {
+      mean = m;
+      var = std::numeric_limits<double>::quiet_NaN();
+      return;
+    }
+  }
+  m = double(float(m));  // keeps x - m exact in double
+  double sum_d, sum_dd;
+  RowShiftedSums(x, h, m, sum_d, sum_dd);
+  const double dm = sum_d * inv_h;
+  mean = m + dm;
+  var = std::max(sum_dd * inv_h - dm * dm, 0.0);
+}
+
+// ---- Forward -----------------------------------------------------------------
+// x - m when kCenter (LayerNorm), else x (RMSNorm).
+template <bool kCenter, class V>
+HWY_INLINE V Center(V v, V m) {
+  return kCenter ? hn::Sub(v, m) : v;
+}
+
+// Rows [r0, r1): the statistics read the row (LayerNorm twice), z reads it
+// again from L1/L2.
+template <bool kLayerNorm, class TX, class TZ>
+HWY_NOINLINE void FwdRowsT(const FwdArgs& a, int64_t r0, int64_t r1) {
+  const hn::ScalableTag<float> df;
+  const size_t nf = hn::Lanes(df);
+  const size_t h = size_t(a.h);
+  const bool stream = a.stream;
+  const float* HWY_RESTRICT g = a.g;
+  const float* HWY_RESTRICT b = a.b;
+  for (int64_t r = r0; r < r1; ++r) {
+    const TX* HWY_RESTRICT x = static_cast<const TX*>(a.x) + size_t(r) * h;
+    TZ* HWY_RESTRICT z = static_cast<TZ*>(a.z) + size_t(r) * h;
+
+    double mean = 0.0, var;
+    if (kLayerNorm) {
+      RowMeanVar(x, h, mean, var);
+    } else {
+      var = RowSumSq(x, h) / double(h);
+    }
+    const float mu_f = float(mean);
+    const float rs_f = float(1.0 / std::sqrt(var + a.eps));
+    if (kLayerNorm) a.mu[r] = mu_f;
+    a.rsigma[r] = rs_f;
+
+    // The z loops touch the next row (this row again for the chunk's last
+    // row) at least once per 64 bytes: all of it is prefetched into L2 while
+    // this row is computed, so its memory traffic overlaps the arithmetic.
+    const TX* HWY_RESTRICT next = r + 1 < r1 ? x + h : x;
+
+    const auto vmu = hn::Set(df, mu_f);
+    const auto vrs = hn::Set(df, rs_f);
+    const auto zvec = [&](size_t j) HWY_ATTR {
+      const auto xc = Center<kLayerNorm>(LoadF(df, x + j), vmu);
+      const auto gs = hn::Mul(vrs, hn::LoadU(df, g + j));
+      return kLayerNorm ? hn::MulAdd(xc, gs, hn::LoadU(df, b + j)) : hn::Mul(xc, gs);
+    };
+    // One copy of the loops per store kind (plain or streaming).
+    const auto write_row = [&](auto store) HWY_ATTR {
+      size_t i = 0;
+#if HWY_TARGET != HWY_SCALAR
+      if constexpr (std::is_same_v<TZ, bfloat16_t>) {
+        // Two fp32 vectors -> one full vector of bf16.
+        const hn::Repartition<uint16_t, decltype(df)> du16;
+        uint16_t* HWY_RESTRICT zu = reinterpret_cast<uint16_t*>(z);
+        for (; i + 2 * nf <= h; i += 2 * nf) {
+          __builtin_prefetch(next + i, 0, 2);
+          if constexpr (sizeof(TX) == 4) __builtin_prefetch(next + i + nf, 0, 2);
+          store(RoundToBF16Bits2(zvec(i), zvec(i + nf), df), du16, zu + i);
+        }
+      }
+#endif
+      for (; i + nf <= h; i += nf) {
+        __builtin_prefetch(next + i, 0, 2);
+        store(zvec(i), df, z + i);
+      }
+      for (; i < h; ++i) {
+        float zv = (kLayerNorm ? ScalarLoad(x + i) - mu_f : ScalarLoad(x + i)) * (rs_f * g[i]);
+        if (kLayerNorm) zv += b[i];
+        ScalarStore(zv, z + i);
+      }
+    };
+    if (stream) {  // chosen only when rows are aligned and h % nf == 0
+      write_row([](auto v, auto d, auto* p) HWY_ATTR { StreamF(v, d, p); });
+    } else {
+      write_row([](auto v, auto d, auto* p) HWY_ATTR { StoreF(v, d, p); });
+    }
+  }
+  if (stream) hwy::FlushStream();  // order this thread's streamed stores
+}
+
+template <bool kLayerNorm, class TX>
+HWY_INLINE void FwdRowsZ(const FwdArgs& a, int64_t r0, int64_t r1) {
+  switch (a.tz) {
+    case DType::kF32:
+      return FwdRowsT<kLayerNorm, TX, float>(a, r0, r1);
+    case DType::kBF16:
+      return FwdRowsT<kLayerNorm, TX, bfloat16_t>(a, r0, r1);
+    default:
+      return FwdRowsT<kLayerNorm, TX, float16_t>(a, r0, r1);
+  }
+}
+
+template <bool kLayerNorm>
+HWY_INLINE void FwdRowsX(const FwdArgs& a, int64_t r0, int64_t r1) {
+  switch (a.tx) {
+    case DType::kF32:
+      return FwdRowsZ<kLayerNorm, float>(a, r0, r1);
+    case DType::kBF16:
+      return FwdRowsZ<kLayerNorm, bfloat16_t>(a, r0, r1);
+    default:
+      return FwdRowsZ<kLayerNorm, float16_t>(a, r0, r1);
+  }
+}
+
+// Exported: forward rows [r0, r1).
+void NormFwdRows(const FwdArgs& a, int64_t r0, int64_t r1) {
+  if (a.layernorm) {
+    FwdRowsX<true>(a, r0, r1);
+  } else {
+    FwdRowsX<false>(a, r0, r1);
+  }
+}
+
+// ---- Row conversion (backward works on fp32 copies of its rows) ------------
+template <class T>
+HWY_INLINE void RowToF32T(const T* HWY_RESTRICT src, float* HWY_RESTRICT dst, size_t n) {
+  const hn::ScalableTag<float> df;
+  const size_t nf = hn::Lanes(df);
+  size_t i = 0;
+  for (; i + nf <= n; i += nf) hn::StoreU(LoadF(df, src + i), df, dst + i);
+  for (; i < n; ++i) dst[i] = ScalarLoad(src + i);
+}
+
+template <class T>
+HWY_INLINE void RowFromF32T(const float* HWY_RESTRICT src, T* HWY_RESTRICT dst, size_t n) {
+  const hn::ScalableTag<float> df;
+  const size_t nf = hn::Lanes(df);
+  size_t i = 0;
+  for (; i + nf <= n; i += nf) StoreF(hn::LoadU(df, src + i), df, dst + i);
+  for (; i < n; ++i) ScalarStore(src[i], dst + i);
+}
+
+// Row r of a [N, h] tensor as fp32: the tensor itself when fp32, else
+// converted into `buf`.
+HWY_INLINE const float* RowAsF32(const void* base, DType t, int64_t r, size_t h, float* buf) {
+  switch (t) {
+    case DType::kF32:
+      return static_cast<const float*>(base) + size_t(r) * h;
+    case DType::kBF16:
+      RowToF32T(static_cast<const bfloat16_t*>(base) + size_t(r) * h, buf, h);
+      return buf;
+    default:
+      RowToF32T(static_cast<const float16_t*>(base) + size_t(r) * h, buf, h);
+      return buf;
+  }
+}
+
+HWY_INLINE void RowFromF32(const float* src, DType t, void* base, int64_t r, size_t h) {
+  if (t == DType::kBF16) {
+    RowFromF32T(src, static_cast<bfloat16_t*>(base) + size_t(r) * h, h);
+  } else {
+    RowFromF32T(src, static_cast<float16_t*>(base) + size_t(r) * h, h);
+  }
+}
+
+// ---- Backward ----------------------------------------------------------------
+// Exported: rows [r0, r1) of one block. scratch holds 4 * h floats; dg/db
+// (db NULL for RMSNorm) are this block's zero-initialised double partials.
+void NormBwdBlock(const BwdArgs& a, int64_t r0, int64_t r1, float* scratch, double* dg, double* db) {
+  const hn::ScalableTag<double> dd;
+  const hn::Rebind<float, decltype(dd)> dfh;  // fp32, as many lanes as dd
+  const size_t n = hn::Lanes(dd);
+  const size_t h = size_t(a.h);
+  const float* HWY_RESTRICT g = a.g;
+  float* buf_dz = scratch;
+  float* buf_x = scratch + h;
+  float* buf_add = scratch + 2 * h;
+  float* buf_dx = scratch + 3 * h;
+
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* HWY_RESTRICT dz = RowAsF32(a.dz, a.tdz, r, h, buf_dz);
+    const float* HWY_RESTRICT x = RowAsF32(a.x, a.tx, r, h, buf_x);
+    // dx may be exactly add (rmsnorm_bwd_add in place): no restrict on these
+    // two; each element of add is read before dx at the same index is written.
+    const float* add = a.add ? RowAsF32(a.add, a.tadd, r, h, buf_add) : nullptr;
+    float* dx = a.tdx == DType::kF32 ? static_cast<float*>(a.dx) + size_t(r) * h : buf_dx;
+    const float mu = a.mu ? a.mu[r] : 0.0f;
+    const float rs = a.rsigma[r];
+    const auto vmu = hn::Set(dfh, mu);
+    const auto vrs = hn::Set(dfh, rs);
+
+    // Pass 1: y = (x - mu) * rs, dy = g * dz; sum(dy) and sum(dy * y) in double.
+    auto sdy = hn::Zero(dd), sdyy = hn::Zero(dd);
+    size_t i = 0;
+    for (; i + n <= h; i += n) {
+      const auto y = hn::Mul(hn::Sub(hn::LoadU(dfh, x + i), vmu), vrs);
+      const auto dy = hn::Mul(hn::LoadU(dfh, g + i), hn::LoadU(dfh, dz + i));
+      const auto dyd = hn::PromoteTo(dd, dy);
+      sdy = hn::Add(sdy, dyd);
+      sdyy = hn::MulAdd(dyd, hn::PromoteTo(dd, y), sdyy);
+    }
+    double s_dy = hn::GetLane(hn::SumOfLanes(dd, sdy));
+    double s_dyy = hn::GetLane(hn::SumOfLanes(dd, sdyy));
+    for (; i < h; ++i) {
+      const float y = (x[i] - mu) * rs;
+      const float dy = g[i] * dz[i];
+      s_dy += double(dy);
+      s_dyy += double(dy) * double(y);
+    }
+    const float mdy = a.layernorm ? float(s_dy / double(h)) : 0.0f;
+    const float mdyy = float(s_dyy / double(h));
+
+    // Pass 2: dx = rs * (dy - mdyy * y - mdy) (+ add); column partials.
+    const auto vmdy = hn::Set(dfh, mdy);
+    const auto vmdyy = hn::Set(dfh, mdyy);
+    for (i = 0; i + n <= h; i += n) {
+      const auto dzv = hn::LoadU(dfh, dz + i);
+      const auto y = hn::Mul(hn::Sub(hn::LoadU(dfh, x + i), vmu), vrs);
+      const auto dy = hn::Mul(hn::LoadU(dfh, g + i), dzv);
+      auto dxv = hn::Mul(vrs, hn::Sub(hn::NegMulAdd(vmdyy, y, dy), vmdy));
+      if (add) dxv = hn::Add(dxv, hn::LoadU(dfh, add + i));
+      hn::StoreU(dxv, dfh, dx + i);
+      const auto dzd = hn::PromoteTo(dd, dzv);
+      hn::StoreU(hn::MulAdd(hn::PromoteTo(dd, y), dzd, hn::LoadU(dd, dg + i)), dd, dg + i);
+      if (db) hn::StoreU(hn::Add(hn::LoadU(dd, db + i), dzd), dd, db + i);
+    }
+    for (; i < h; ++i) {
+      const float y = (x[i] - mu) * rs;
+      const float dy = g[i] * dz[i];
+      float dxv = rs * ((dy - mdyy * y) - mdy);
+      if (add) dxv += add[i];
+      dx[i] = dxv;
+      dg[i] += double(y) * double(dz[i]);
+      if (db) db[i] += double(dz[i]);
+    }
+    if (a.tdx != DType::kF32) RowFromF32(dx, a.tdx, a.dx, r, h);
+  }
+}
+
+}  // namespace tefl::backends::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+// ---- Dispatch, threading and registration (compiled once) ------------------
+#if HWY_ONCE
+namespace tefl::backends {
+
+HWY_EXPORT(NormFwdRows);
+HWY_EXPORT(NormBwdBlock);
+
+namespace {
+
+// Output bytes above which z is written with non-temporal stores: an output
+// larger than a typical L3 is evicted before it is read back anyway, and
+// streaming saves the read-for-ownership of every line (fp32 [8192, 4096]:
+// ~1.6x faster on Zen 4).
+constexpr int64_t kStreamMinBytes = int64_t(32) << 20;
+
+bool IsFloat(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+
+// A gamma/beta vector of n elements as fp32, plus one when plus_one.
+template <class Load>
+void ConvertVector(Load load, int64_t n, bool plus_one, float* dst) {
+  if (plus_one) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = load(i) + 1.0f;
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = load(i);
+  }
+}
+void VectorToF32(const DLTensor* t, int64_t n, bool plus_one, float* dst) {
+  const void* src = DataPtr(t);
+  const auto* p16 = static_cast<const uint16_t*>(src);
+  switch (DTypeOf(t->dtype)) {
+    case DType::kF32:
+      return ConvertVector([&](int64_t i) { return static_cast<const float*>(src)[i]; }, n, plus_one, dst);
+    case DType::kBF16:
+      return ConvertVector([&](int64_t i) { return BF16ToFloat(p16[i]); }, n, plus_one, dst);
+    default:
+      return ConvertVector([&](int64_t i) { return F16ToFloat(p16[i]); }, n, plus_one, dst);
+  }
+}
+
+// Rows of x = product of all but the last dim.
+int64_t Rows(const DLTensor* x) {
+  int64_t n = 1;
+  for (int d = 0; d + 1 < x->ndim; ++d) n *= x->shape[d];
+  return n;
+}
+
+// No allocation here: also used from catch blocks (nothing may escape).
+tefl_status* Status(const tefl_call_frame* f, int32_t code, const char* what) noexcept {
+  char msg[256];
+  std::snprintf(msg, sizeof(msg), "%s (default.portable): %s", f->op_name ? f->op_name : "norm", what);
+  return f->host->status_new(code, msg);
+}
+
+void FwdBody(void* ctx, int64_t begin, int64_t end) {
+  HWY_DYNAMIC_DISPATCH(NormFwdRows)(*static_cast<const FwdArgs*>(ctx), begin, end);
+}
+
+tefl_status* NormFwd(const tefl_call_frame* f, bool layernorm) {
+  try {
+    const DLTensor* x = f->inputs[0];
+    const DLTensor* gamma = f->inputs[1];
+    const DLTensor* beta = layernorm ? f->inputs[2] : nullptr;
+    DLTensor* z = f->outputs[0];
+    DLTensor* mu = layernorm ? f->outputs[1] : nullptr;
+    DLTensor* rsigma = f->outputs[layernorm ? 2 : 1];
+    const auto* attrs = static_cast<const tefl_norm_fwd_attrs*>(f->attrs);
+
+    const DType tx = DTypeOf(x->dtype), tz = DTypeOf(z->dtype), tg = DTypeOf(gamma->dtype);
+    const DType tb = beta ? DTypeOf(beta->dtype) : DType::kF32;
+    if (!IsFloat(tx) || !IsFloat(tz) || !IsFloat(tg) || !IsFloat(tb))
+      return Status(f, TEFL_UNSUPPORTED, "dtypes other than fp32/fp16/bf16");
+
+    const int64_t h = x->shape[x->ndim - 1];
+    const int64_t rows = Rows(x);
+    if (rows == 0) return nullptr;
+
+    // gamma (+1) and beta as fp32, once per call.
+    std::vector<float> gb(size_t(layernorm ? 2 : 1) * size_t(h));
+    VectorToF32(gamma, h, attrs->zero_centered_gamma != 0, gb.data());
+    if (beta) VectorToF32(beta, h, false, gb.data() + h);
+
+    FwdArgs a{};
+    a.layernorm = layernorm;
+    a.tx = tx;
+    a.tz = tz;
+    a.h = h;
+    a.eps = double(attrs->eps);
+    a.x = DataPtr(x);
+    a.z = DataPtr(z);
+    a.g = gb.data();
+    a.b = beta ? gb.data() + h : nullptr;
+    a.mu = mu ? static_cast<float*>(DataPtr(mu)) : nullptr;
+    a.rsigma = static_cast<float*>(DataPtr(rsigma));
+    // Streaming needs every row start aligned to the widest vector (64 bytes
+    // covers every x86 target), which also makes h a multiple of the lanes.
+    const int64_t row_bytes = h * int64_t(ElemSize(tz));
+    a.stream = rows * row_bytes >= kStreamMinBytes && row_bytes % 64 == 0 && reinterpret_cast<uintptr_t>(a.z) % 64 == 0;
+
+    // Chunks of at least ~64 KiB of x keep the fork-join overhead small.
+    const int64_t grain = std::max<int64_t>(1, (int64_t(16) << 10) / h);
+    f->host->parallel_for(rows, grain, FwdBody, &a);
+    return nullptr;
+  } catch (const std::exception& e) {
+    return Status(f, TEFL_INTERNAL, e.what());
+  } catch (...) {
+    return Status(f, TEFL_INTERNAL, "unknown exception");
+  }
+}
+
+struct BwdCtx {
+  const BwdArgs* a;
+  int64_t rows;
+  int64_t blocks;
+  size_t h;
+  size_t ncols;  // 2 with dbeta, else 1
+  float* scratch;
+  double* partial;
+};
+
+void BwdBody(void* ctx, int64_t begin, int64_t end) {
+  const BwdCtx& c = *static_cast<const BwdCtx*>(ctx);
+  for (int64_t blk = begin; blk < end; ++blk) {
+    const int64_t r0 = c.rows * blk / c.blocks;
+    const int64_t r1 = c.rows * (blk + 1) / c.blocks;
+    double* dg = c.partial + size_t(blk) * c.ncols * c.h;
+    double* db = c.ncols == 2 ? dg + c.h : nullptr;
+    HWY_DYNAMIC_DISPATCH(NormBwdBlock)(*c.a, r0, r1, c.scratch + size_t(blk) * 4 * c.h, dg, db);
+  }
+}
+
+// kind: 0 layernorm_bwd, 1 rmsnorm_bwd, 2 rmsnorm_bwd_add.
+tefl_status* NormBwd(const tefl_call_frame* f, int kind) {
+  try {
+    const bool layernorm = kind == 0;
+    const DLTensor* const* in = f->inputs;
+    const DLTensor* dz = in[0];
+    const DLTensor* x = in[1];
+    const DLTensor* add = kind == 2 ? in[2] : nullptr;
+    const DLTensor* mu = layernorm ? in[2] : nullptr;
+    const DLTensor* rsigma = in[kind == 1 ? 2 : 3];
+    const DLTensor* gamma = in[kind == 1 ? 3 : 4];
+    DLTensor* dx = f->outputs[0];
+    DLTensor* dgamma = f->outputs[1];
+    DLTensor* dbeta = layernorm ? f->outputs[2] : nullptr;
+    const auto* attrs = static_cast<const tefl_norm_bwd_attrs*>(f->attrs);
+
+    const DType tdz = DTypeOf(dz->dtype), tx = DTypeOf(x->dtype), tg = DTypeOf(gamma->dtype);
+    const DType tdx = DTypeOf(dx->dtype), tdg = DTypeOf(dgamma->dtype);
+    const DType tadd = add ? DTypeOf(add->dtype) : DType::kF32;
+    const DType tdb = dbeta ? DTypeOf(dbeta->dtype) : DType::kF32;
+    if (!IsFloat(tdz) || !IsFloat(tx) || !IsFloat(tg) || !IsFloat(tdx) || !IsFloat(tdg) || !IsFloat(tadd) ||
+        !IsFloat(tdb))
+      return Status(f, TEFL_UNSUPPORTED, "dtypes other than fp32/fp16/bf16");
+
+    const int64_t h = x->shape[x->ndim - 1];
+    const int64_t rows = Rows(x);
+    const size_t hs = size_t(h);
+    const size_t ncols = dbeta ? 2 : 1;
+    // Fixed blocks: the partition depends only on (rows, num_threads).
+    const int64_t blocks = rows == 0 ? 0 : std::min<int64_t>(std::max<int64_t>(1, f->host->num_threads()), rows);
+
+    std::vector<double> partial(size_t(blocks) * ncols * hs, 0.0);
+    if (blocks > 0) {
+      std::vector<float> g(hs);
+      VectorToF32(gamma, h, attrs->zero_centered_gamma != 0, g.data());
+      std::vector<float> scratch(size_t(blocks) * 4 * hs);
+
+      BwdArgs a{};
+      a.layernorm = layernorm;
+      a.tdz = tdz;
+      a.tx = tx;
+      a.tadd = tadd;
+      a.tdx = tdx;
+      a.h = h;
+      a.dz = DataPtr(dz);
+      a.x = DataPtr(x);
+      a.add = add ? DataPtr(add) : nullptr;
+      a.mu = mu ? static_cast<const float*>(DataPtr(mu)) : nullptr;
+      a.rsigma = static_cast<const float*>(DataPtr(rsigma));
+      a.g = g.data();
+      a.dx = DataPtr(dx);
+
+      BwdCtx c{&a, rows, blocks, hs, ncols, scratch.data(), partial.data()};
+      f->host->parallel_for(blocks, 1, BwdBody, &c);
+    }
+
+    // Reduce the block partials in block order (zeros when rows == 0).
+    void* dgp = DataPtr(dgamma);
+    void* dbp = dbeta ? DataPtr(dbeta) : nullptr;
+    for (size_t i = 0; i < hs; ++i) {
+      double sg = 0.0, sb = 0.0;
+      for (int64_t blk = 0; blk < blocks; ++blk) {
+        const double* p = partial.data() + size_t(blk) * ncols * hs;
+        sg += p[i];
+        if (dbp) sb += p[hs + i];
+      }
+      StoreFromDouble(dgp, int64_t(i), tdg, sg);
+      if (dbp) StoreFromDouble(dbp, int64_t(i), tdb, sb);
+    }
+    return nullptr;
+  } catch (const std::exception& e) {
+    return Status(f, TEFL_INTERNAL, e.what());
+  } catch (...) {
+    return Status(f, TEFL_INTERNAL, "unknown exception");
+  }
+}
+
+tefl_status* LayerNormFwdKernel(const tefl_call_frame* f, void*) { return NormFwd(f, true); }
+tefl_status* RmsNormFwdKernel(const tefl_call_frame* f, void*) { return NormFwd(f, false); }
+tefl_status* LayerNormBwdKernel(const tefl_call_frame* f, void*) { return NormBwd(f, 0); }
+tefl_status* RmsNormBwdKernel(const tefl_call_frame* f, void*) { return NormBwd(f, 1); }
+tefl_status* RmsNormBwdAddKernel(const tefl_call_frame* f, void*) { return NormBwd(f, 2); }
+
+}  // namespace
+
+tefl_status* RegisterPortableNormalization(const tefl_registrar& registrar) {
+  struct Entry {
+    const char* op;
+    tefl_kernel_fn fn;
+  };
+  static constexpr Entry kEntries[] = {
+      {"layernorm_fwd", LayerNormFwdKernel},    {"layernorm_bwd", LayerNormBwdKernel},
+      {"rmsnorm_fwd", RmsNormFwdKernel},        {"rmsnorm_bwd", RmsNormBwdKernel},
+      {"rmsnorm_bwd_add", RmsNormBwdAddKernel},
+  };
+  for (const Entry& e : kEntries) {
+    tefl_impl_desc desc{};
+    desc.struct_size = TEFL_IMPL_DESC_STRUCT_SIZE;
+    desc.op_name = e.op;
+    desc.impl_id = "default.portable";
+    desc.kind = TEFL_KIND_DEFAULT;
+    desc.priority = 0;
+    desc.vendor = nullptr;
+    desc.device_mask = TEFL_DEVICE_BIT(kDLCPU);
+    desc.kernel = e.fn;
+    desc.supports = nullptr;
+    desc.user_data = nullptr;
+    if (tefl_status* s = registrar.register_impl(registrar.ctx, &desc)) return s;
+  }
+  return nullptr;
+}
+
+}  // namespace tefl::backends
+#endif  // HWY_ONCE
