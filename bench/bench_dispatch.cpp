@@ -1,13 +1,15 @@
 // Dispatch overhead of a typed call through OpManager against calling the
 // kernel directly, same tiny tensor, same run. Parts:
 //   BM_KernelDirect     the no-op kernel called through its function pointer
-//   BM_Validate         schema validation + signature key of an rmsnorm_fwd call
-//   BM_ManagerCall      the whole typed call (validation + cached resolution +
-//                       indirect call) to the same no-op kernel
-// Resolution = ManagerCall - Validate - KernelDirect. Also the real portable
-// kernel on the tiny tensor, direct and through the manager.
+//   BM_Validate         full schema validation + signature key of an rmsnorm_fwd call
+//   BM_ValidateMemo     the same through the per-thread memo (a hit)
+//   BM_ManagerCall      the whole typed call (memo validation + cached
+//                       resolution + indirect call) to the same no-op kernel
+// Resolution and the rest = ManagerCall - ValidateMemo - KernelDirect. Also
+// the real portable kernel on the tiny tensor, direct and through the manager.
 #include <benchmark/benchmark.h>
 
+#include <memory>
 #include <vector>
 
 #include "core/catalogue.h"
@@ -69,6 +71,21 @@ void BM_Validate(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_Validate);
+
+// Validation through the per-thread memo (what OpManager::Call does): a hit
+// after the first call re-runs only the pointer checks.
+void BM_ValidateMemo(benchmark::State& state) {
+  TinyCall c;
+  const tefl::OpSchema& op = *tefl::FindOp(TEFL_OP_RMSNORM_FWD);
+  const tefl::CallArgs args{c.in, 2, c.out, 2, &c.attrs};
+  auto memo = std::make_unique<tefl::ValidationMemo>();
+  tefl::SigKey key;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(tefl::ValidateCallMemo(op, args, &key, memo.get()));
+    benchmark::DoNotOptimize(key);
+  }
+}
+BENCHMARK(BM_ValidateMemo);
 
 void BM_ManagerCall(benchmark::State& state) {
   TinyCall c;

@@ -3,6 +3,7 @@
 // below runs exactly kCalls calls after a warm-up, so inclusive instructions
 // of a loop / kCalls = instructions per call.
 #include <cstdio>
+#include <memory>
 #include <vector>
 
 #include "core/catalogue.h"
@@ -40,6 +41,16 @@ __attribute__((noinline)) int LoopValidate(TinyCall& c) {
   return errors;
 }
 
+// The same call through the per-thread validation memo (a hit after the first).
+__attribute__((noinline)) int LoopValidateMemo(TinyCall& c, tefl::ValidationMemo* memo) {
+  const tefl::OpSchema& op = *tefl::FindOp(TEFL_OP_RMSNORM_FWD);
+  const tefl::CallArgs args{c.in, 2, c.out, 2, &c.attrs};
+  tefl::SigKey key;
+  int errors = 0;
+  for (int i = 0; i < kCalls; ++i) errors += tefl::ValidateCallMemo(op, args, &key, memo) != nullptr;
+  return errors;
+}
+
 __attribute__((noinline)) int LoopManagerCall(TinyCall& c, tefl::OpManager& m) {
   tefl::CallOptions opts;
   opts.manager = &m;
@@ -71,7 +82,9 @@ int main() {
   tefl::CallOptions opts;
   opts.manager = &manager;
   if (!tefl::rmsnorm_fwd(c.tx, c.tg, 1e-5f, c.tz, c.trs, opts).ok()) return 1;  // warm: resolve once
-  const int errors = LoopValidate(c) + LoopManagerCall(c, manager) + LoopKernelDirect(c);
+  auto memo = std::make_unique<tefl::ValidationMemo>();
+  const int errors =
+      LoopValidate(c) + LoopValidateMemo(c, memo.get()) + LoopManagerCall(c, manager) + LoopKernelDirect(c);
   std::printf("%d calls per loop, %d errors\n", kCalls, errors);
   return errors != 0;
 }

@@ -40,6 +40,7 @@ struct CacheEntry {
 constexpr size_t kCacheSlots = 256;
 struct DispatchCache {
   CacheEntry entries[kCacheSlots];
+  ValidationMemo validation;
 };
 
 namespace {
@@ -363,15 +364,16 @@ Status OpManager::Call(int32_t op_id, std::span<const DLTensor* const> inputs, s
   const void* attrs = NormalizeAttrs(*op, attrs_in, attr_buffer, &error);
   if (error) return Status::FromC(error);
   const CallArgs args{inputs.data(), int32_t(inputs.size()), outputs.data(), int32_t(outputs.size()), attrs};
+  ThreadState& ts = t_thread_state;
+  DispatchCache* cache = ThreadCache(ts);
   SigKey key;
-  if (tefl_status* e = ValidateCall(*op, args, &key)) return Status::FromC(e);
+  if (tefl_status* e = ValidateCallMemo(*op, args, &key, &cache->validation)) return Status::FromC(e);
 
   const tefl_call_frame frame{TEFL_CALL_FRAME_STRUCT_SIZE, op->name, op->id, args.num_inputs, args.inputs,
                               args.num_outputs, args.outputs, attrs, stream, tefl_host()};
-  ThreadState& ts = t_thread_state;
   const PolicyRecord* policy = EffectivePolicy(ts);
   const uint64_t epoch = g_policy_epoch.load(std::memory_order_acquire);
-  CacheEntry& slot = ThreadCache(ts)->entries[key.Hash() & (kCacheSlots - 1)];
+  CacheEntry& slot = cache->entries[key.Hash() & (kCacheSlots - 1)];
   const Chain* chain;
   if (slot.chain != nullptr && slot.key == key && slot.manager_serial == rep_->serial && slot.epoch == epoch &&
       slot.policy_id == policy->id) {

@@ -73,6 +73,20 @@ bool ExactAlias(const DLTensor* a, const DLTensor* b) {
   return true;
 }
 
+// Overlap screen shared by both paths: false when some output overlaps
+// another argument (the full validation then names the pair, or accepts the
+// op's exact in-place alias).
+inline bool NoOverlap(int nin, int n, const uintptr_t* lo, const uintptr_t* hi) {
+  // Each output against every earlier argument covers every pair that
+  // involves an output once.
+  for (int o = nin; o < n; ++o) {
+    const uintptr_t olo = lo[o], ohi = hi[o];
+    for (int i = 0; i < o; ++i)
+      if (lo[i] < ohi && olo < hi[i]) return false;
+  }
+  return true;
+}
+
 // Byte range [lo, hi) a non-empty tensor's elements occupy. False when the
 // strides put an element beyond what int64 byte offsets can address.
 bool ByteRange(const DLTensor* t, int64_t numel, uintptr_t* lo, uintptr_t* hi) {
@@ -101,7 +115,7 @@ bool ByteRange(const DLTensor* t, int64_t numel, uintptr_t* lo, uintptr_t* hi) {
 
 }  // namespace
 
-tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key) {
+tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key, ByteRanges* ranges) {
   const int nin = int(op.inputs.size());
   const int nout = int(op.outputs.size());
   if (args.num_inputs != nin || args.num_outputs != nout) {
@@ -119,7 +133,10 @@ tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key)
   int tw_word = 0, tw_shift = 0;
   const DLTensor* first = nullptr;
   int first_index = -1;
-  uintptr_t lo[kMaxOpArgs], hi[kMaxOpArgs];  // byte range of each tensor (empty: lo == hi)
+  ByteRanges local_ranges;
+  ByteRanges& r = ranges ? *ranges : local_ranges;
+  uintptr_t* lo = r.lo;  // byte range of each tensor (empty: lo == hi == 0)
+  uintptr_t* hi = r.hi;
   uint64_t device_bits = 0;  // DLDevice of the first tensor, as one word
   for (int i = 0; i < n; ++i) {
     // Inputs then outputs (no copy into a flat array: this loop is the hot path).
@@ -237,11 +254,9 @@ tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key)
   }
   bool in_place = false;
   if (op.flags & kOpNoAlias) {
-    // Branch-free screen first (empty ranges are [0, 0) and never overlap);
-    // the loop that names the pair runs only when something overlaps.
-    bool any_overlap = false;
-    for (int o = nin; o < n; ++o)
-      for (int i = 0; i < n; ++i) any_overlap |= (i != o) & (lo[i] < hi[o]) & (lo[o] < hi[i]);
+    // A quick screen first (empty ranges are [0, 0) and never overlap); the
+    // loop that names the pair runs only when something overlaps.
+    const bool any_overlap = !NoOverlap(nin, n, lo, hi);
     for (int o = nin; any_overlap && o < n; ++o) {
       for (int i = 0; i < n; ++i) {  // every output against every other argument
         if (i == o || !(lo[i] < hi[o] && lo[o] < hi[i])) continue;
@@ -262,6 +277,95 @@ tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key)
   key->w[3] = tw[1];
   key->w[4] = tw[2];
   return nullptr;
+}
+
+namespace {
+
+
+void MemoStore(const OpSchema& op, const CallArgs& args, const SigKey& key, const ByteRanges& ranges,
+               ValidationMemo::Entry* e) {
+  const int n = args.num_inputs + args.num_outputs;
+  if (op.attrs_size > ValidationMemo::kMaxAttrBytes) return;
+  int dims_used = 0;
+  for (int i = 0; i < n; ++i) {
+    const DLTensor* t = TensorAt(args, i);
+    if (t != nullptr) dims_used += t->ndim * (t->strides ? 2 : 1);
+  }
+  if (dims_used > ValidationMemo::kMaxDims) return;  // too big to remember: validate every time
+  e->op_id = -1;  // invalid while being written
+  dims_used = 0;
+  for (int i = 0; i < n; ++i) {
+    const DLTensor* t = TensorAt(args, i);
+    ValidationMemo::Tensor& m = e->t[i];
+    if (t == nullptr) {
+      m = ValidationMemo::Tensor{0, -1, 0, 0, false, 0, 0, 0};
+      continue;
+    }
+    std::memcpy(&m.dtype, &t->dtype, 4);
+    m.ndim = t->ndim;
+    std::memcpy(&m.device, &t->device, 8);
+    m.dims_at = dims_used;
+    m.strided = t->strides != nullptr;
+    m.elem_bytes = uint8_t(t->dtype.bits >= 8 ? t->dtype.bits / 8 : 1);
+    for (int d = 0; d < t->ndim; ++d) e->dims[dims_used++] = t->shape[d];
+    if (m.strided)
+      for (int d = 0; d < t->ndim; ++d) e->dims[dims_used++] = t->strides[d];
+    const uintptr_t base = reinterpret_cast<uintptr_t>(t->data) + t->byte_offset;
+    const bool empty = ranges.lo[i] == ranges.hi[i];
+    m.lo_off = empty ? 0 : int64_t(ranges.lo[i] - base);
+    m.hi_off = empty ? 0 : int64_t(ranges.hi[i] - base);
+  }
+  if (op.attrs_size) std::memcpy(e->attrs, args.attrs, op.attrs_size);
+  e->n = n;
+  e->key = key;
+  e->key.w[0] &= ~kSigInPlaceBit;
+  e->op_id = op.id;
+}
+
+}  // namespace
+
+tefl_status* ValidateCallMemo(const OpSchema& op, const CallArgs& args, SigKey* key, ValidationMemo* memo) {
+  const int nin = int(op.inputs.size());
+  const int n = nin + int(op.outputs.size());
+  ValidationMemo::Entry& e = memo->entries[size_t(op.id) % ValidationMemo::kSlots];
+  bool hit = e.op_id == op.id && args.num_inputs == nin && args.num_outputs == n - nin &&
+             args.inputs != nullptr && args.outputs != nullptr &&
+             (op.attrs_size == 0 || std::memcmp(e.attrs, args.attrs, op.attrs_size) == 0);
+  ByteRanges ranges;
+  for (int i = 0; hit && i < n; ++i) {
+    const DLTensor* t = i < nin ? args.inputs[i] : args.outputs[i - nin];
+    const ValidationMemo::Tensor& m = e.t[i];
+    ranges.lo[i] = ranges.hi[i] = 0;
+    if (t == nullptr) {
+      hit = m.ndim == -1;
+      continue;
+    }
+    uint32_t dtype;
+    uint64_t device;
+    std::memcpy(&dtype, &t->dtype, 4);
+    std::memcpy(&device, &t->device, 8);
+    if (dtype != m.dtype || t->ndim != m.ndim || device != m.device || (t->strides != nullptr) != m.strided) {
+      hit = false;
+      break;
+    }
+    const int64_t* dims = e.dims + m.dims_at;
+    for (int d = 0; hit && d < m.ndim; ++d) hit = t->shape[d] == dims[d];
+    if (m.strided)
+      for (int d = 0; hit && d < m.ndim; ++d) hit = t->strides[d] == dims[m.ndim + d];
+    if (m.lo_off != m.hi_off) {  // non-empty: the pointer checks of ValidateCall
+      const uintptr_t base = reinterpret_cast<uintptr_t>(t->data) + t->byte_offset;
+      hit &= t->data != nullptr && (base & (m.elem_bytes - 1u)) == 0;
+      ranges.lo[i] = base + uintptr_t(m.lo_off);
+      ranges.hi[i] = base + uintptr_t(m.hi_off);
+    }
+  }
+  if (hit && (!(op.flags & kOpNoAlias) || NoOverlap(nin, n, ranges.lo, ranges.hi))) {
+    *key = e.key;
+    return nullptr;
+  }
+  tefl_status* error = ValidateCall(op, args, key, &ranges);
+  if (error == nullptr) MemoStore(op, args, *key, ranges, &e);
+  return error;
 }
 
 std::string DescribeCall(const OpSchema& op, const CallArgs& args, bool with_shapes) {

@@ -38,8 +38,44 @@ constexpr size_t kMaxAttrsSize = 256;
 const void* NormalizeAttrs(const OpSchema& op, const void* attrs, void* buffer, tefl_status** error);
 
 // Validates the call (arity, presence, dtypes, ranks, devices, NULL data,
-// contiguity, attribute ranges, shape relations, aliasing) and fills *key.
-tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key);
+// alignment, contiguity, attribute ranges, shape relations, aliasing) and
+// fills *key. `ranges`, when given, receives each tensor's byte range
+// ([0, 0) when absent or empty).
+struct ByteRanges {
+  uintptr_t lo[kMaxOpArgs], hi[kMaxOpArgs];
+};
+tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key, ByteRanges* ranges = nullptr);
+
+// A per-thread memo of validated calls, keyed by everything validation reads
+// except data pointers: op, attributes, and each tensor's presence, dtype,
+// rank, shape, strides and device. A call that matches an entry re-runs only
+// the pointer checks (NULL data, alignment, aliasing) and reuses the key; any
+// failure, and every miss, goes through ValidateCall, whose errors are the
+// only ones reported. Not thread-safe: one per thread.
+struct ValidationMemo {
+  static constexpr int kSlots = 16;     // direct-mapped by op id
+  static constexpr int kMaxDims = 48;   // shape + stride values per entry
+  static constexpr size_t kMaxAttrBytes = 64;
+  struct Tensor {
+    uint32_t dtype;   // DLDataType as one word
+    int32_t ndim;     // -1: absent
+    uint64_t device;  // DLDevice as one word
+    int32_t dims_at;  // first of this tensor's values in dims
+    bool strided;
+    uint8_t elem_bytes;
+    int64_t lo_off, hi_off;  // byte range relative to data + byte_offset; equal: empty
+  };
+  struct Entry {
+    int32_t op_id = -1;
+    int32_t n = 0;
+    SigKey key{};  // without the in-place bit
+    alignas(8) unsigned char attrs[kMaxAttrBytes];
+    Tensor t[kMaxOpArgs];
+    int64_t dims[kMaxDims];
+  };
+  Entry entries[kSlots];
+};
+tefl_status* ValidateCallMemo(const OpSchema& op, const CallArgs& args, SigKey* key, ValidationMemo* memo);
 
 // Human-readable signature of a call, e.g. "x:bfloat16[8,4096] gamma:float32[4096]".
 std::string DescribeCall(const OpSchema& op, const CallArgs& args, bool with_shapes);
