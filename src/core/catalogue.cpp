@@ -30,11 +30,14 @@ const Table& GetTable() {
 
 std::span<const OpSchema> AllOps() { return GetTable().ops; }
 
-const OpSchema* FindOp(int32_t op_id) {
-  if (op_id < 0 || op_id >= TEFL_OP_COUNT_) return nullptr;
-  const OpSchema& op = GetTable().ops[size_t(op_id)];
-  return op.name ? &op : nullptr;
+namespace catalogue_internal {
+std::atomic<const OpSchema*> g_ops{nullptr};
+const OpSchema* BuildTable() {
+  const OpSchema* ops = GetTable().ops.data();
+  g_ops.store(ops, std::memory_order_release);
+  return ops;
 }
+}  // namespace catalogue_internal
 
 const OpSchema* FindOp(std::string_view name) {
   for (const OpSchema& op : AllOps()) {

@@ -4,6 +4,7 @@
 #ifndef TEFL_SRC_CORE_CATALOGUE_H_
 #define TEFL_SRC_CORE_CATALOGUE_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -79,7 +80,19 @@ constexpr int kMaxOpArgs = 15;
 constexpr uint64_t kSigInPlaceBit = uint64_t(1) << 48;  // signature key capacity (inputs + outputs)
 
 std::span<const OpSchema> AllOps();
-const OpSchema* FindOp(int32_t op_id);
+
+namespace catalogue_internal {
+extern std::atomic<const OpSchema*> g_ops;  // TEFL_OP_COUNT_ schemas by id, once built
+const OpSchema* BuildTable();
+}  // namespace catalogue_internal
+
+// By id; NULL if out of range. Inline: every call looks its schema up.
+inline const OpSchema* FindOp(int32_t op_id) {
+  if (uint32_t(op_id) >= uint32_t(TEFL_OP_COUNT_)) return nullptr;
+  const OpSchema* ops = catalogue_internal::g_ops.load(std::memory_order_acquire);
+  if (ops == nullptr) ops = catalogue_internal::BuildTable();
+  return ops[op_id].name ? &ops[op_id] : nullptr;
+}
 // By name or alias (rope_fwd -> fused_rope_forward); NULL if unknown.
 const OpSchema* FindOp(std::string_view name);
 

@@ -37,7 +37,7 @@ static std::string DLTypeString(DLDataType t) {
   return fmt::format("(code={}, bits={}, lanes={})", t.code, t.bits, t.lanes);
 }
 
-const void* NormalizeAttrs(const OpSchema& op, const void* attrs, void* buffer, tefl_status** error) {
+const void* NormalizeAttrsSlow(const OpSchema& op, const void* attrs, void* buffer, tefl_status** error) {
   *error = nullptr;
   if (op.attrs_size == 0) return nullptr;
   if (attrs == nullptr) return op.attrs_defaults;
@@ -298,12 +298,12 @@ void MemoStore(const OpSchema& op, const CallArgs& args, const SigKey& key, cons
     const DLTensor* t = TensorAt(args, i);
     ValidationMemo::Tensor& m = e->t[i];
     if (t == nullptr) {
-      m = ValidationMemo::Tensor{0, -1, 0, 0, false, 0, 0, 0};
+      m = ValidationMemo::Tensor{0, 0, -1, 0, false, 0, 0, 0};
       continue;
     }
-    std::memcpy(&m.dtype, &t->dtype, 4);
-    m.ndim = t->ndim;
     std::memcpy(&m.device, &t->device, 8);
+    std::memcpy(&m.ndim_dtype, &t->ndim, 8);
+    m.ndim = t->ndim;
     m.dims_at = dims_used;
     m.strided = t->strides != nullptr;
     m.elem_bytes = uint8_t(t->dtype.bits >= 8 ? t->dtype.bits / 8 : 1);
@@ -324,6 +324,9 @@ void MemoStore(const OpSchema& op, const CallArgs& args, const SigKey& key, cons
 
 }  // namespace
 
+static_assert(offsetof(DLTensor, dtype) == offsetof(DLTensor, ndim) + 4 && sizeof(DLDataType) == 4,
+              "the memo compares DLTensor's ndim and dtype as one 8-byte word");
+
 tefl_status* ValidateCallMemo(const OpSchema& op, const CallArgs& args, SigKey* key, ValidationMemo* memo) {
   const int nin = int(op.inputs.size());
   const int n = nin + int(op.outputs.size());
@@ -340,11 +343,10 @@ tefl_status* ValidateCallMemo(const OpSchema& op, const CallArgs& args, SigKey* 
       hit = m.ndim == -1;
       continue;
     }
-    uint32_t dtype;
-    uint64_t device;
-    std::memcpy(&dtype, &t->dtype, 4);
+    uint64_t device, ndim_dtype;
     std::memcpy(&device, &t->device, 8);
-    if (dtype != m.dtype || t->ndim != m.ndim || device != m.device || (t->strides != nullptr) != m.strided) {
+    std::memcpy(&ndim_dtype, &t->ndim, 8);  // ndim and dtype are adjacent (static_assert below)
+    if (device != m.device || ndim_dtype != m.ndim_dtype || (t->strides != nullptr) != m.strided) {
       hit = false;
       break;
     }

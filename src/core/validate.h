@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "core/catalogue.h"
@@ -35,7 +36,18 @@ struct SigKeyHash {
 // returns the pointer kernels get; on error returns NULL and sets *error.
 // `buffer` must hold kMaxAttrsSize bytes.
 constexpr size_t kMaxAttrsSize = 256;
-const void* NormalizeAttrs(const OpSchema& op, const void* attrs, void* buffer, tefl_status** error);
+const void* NormalizeAttrsSlow(const OpSchema& op, const void* attrs, void* buffer, tefl_status** error);
+inline const void* NormalizeAttrs(const OpSchema& op, const void* attrs, void* buffer, tefl_status** error) {
+  if (attrs != nullptr && op.attrs_size != 0) {
+    size_t given;
+    std::memcpy(&given, attrs, sizeof(size_t));
+    if (given >= op.attrs_size) {  // the common case: this struct or a newer one
+      *error = nullptr;
+      return attrs;
+    }
+  }
+  return NormalizeAttrsSlow(op, attrs, buffer, error);
+}
 
 // Validates the call (arity, presence, dtypes, ranks, devices, NULL data,
 // alignment, contiguity, attribute ranges, shape relations, aliasing) and
@@ -57,10 +69,10 @@ struct ValidationMemo {
   static constexpr int kMaxDims = 48;   // shape + stride values per entry
   static constexpr size_t kMaxAttrBytes = 64;
   struct Tensor {
-    uint32_t dtype;   // DLDataType as one word
-    int32_t ndim;     // -1: absent
-    uint64_t device;  // DLDevice as one word
-    int32_t dims_at;  // first of this tensor's values in dims
+    uint64_t device;      // DLDevice as one word
+    uint64_t ndim_dtype;  // DLTensor's adjacent ndim and dtype as one word
+    int32_t ndim;         // -1: absent
+    int32_t dims_at;      // first of this tensor's values in dims
     bool strided;
     uint8_t elem_bytes;
     int64_t lo_off, hi_off;  // byte range relative to data + byte_offset; equal: empty
