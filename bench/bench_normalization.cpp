@@ -7,6 +7,8 @@
 // a percentage of BM_Copy's GB/s in this run (copy is measured first).
 #include <benchmark/benchmark.h>
 
+#include <unistd.h>
+
 #include <cstring>
 #include <memory>
 #include <string>
@@ -94,6 +96,7 @@ void BM_Norm(benchmark::State& state, const char* op, tefl::DType dt, const char
 // that adds pct_of_copy to every later line.
 class CopyRelativeReporter : public benchmark::ConsoleReporter {
  public:
+  CopyRelativeReporter() : ConsoleReporter(isatty(1) ? OO_Defaults : OO_Tabular) {}
   void ReportRuns(const std::vector<Run>& runs) override {
     std::vector<Run> out = runs;
     for (Run& r : out) {
