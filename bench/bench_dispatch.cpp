@@ -34,8 +34,8 @@ struct TinyCall {
   const DLTensor* in[2] = {&tx, &tg};
   DLTensor* out[2] = {&tz, &trs};
   tefl_norm_fwd_attrs attrs{TEFL_NORM_FWD_ATTRS_STRUCT_SIZE, 1e-5f, 0, 0};
-  tefl_call_frame frame{TEFL_CALL_FRAME_STRUCT_SIZE, "rmsnorm_fwd", TEFL_OP_RMSNORM_FWD, 2, in, 2, out, &attrs,
-                        nullptr, tefl_host()};
+  tefl_call_frame frame{
+      TEFL_CALL_FRAME_STRUCT_SIZE, "rmsnorm_fwd", TEFL_OP_RMSNORM_FWD, 2, in, 2, out, &attrs, nullptr, tefl_host()};
 };
 
 // A registry whose first candidate for rmsnorm_fwd is the no-op kernel.

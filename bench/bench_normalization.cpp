@@ -6,7 +6,6 @@
 // Counters: GB/s = (bytes read + bytes written) / time; pct_of_copy = GB/s as
 // a percentage of BM_Copy's GB/s in this run (copy is measured first).
 #include <benchmark/benchmark.h>
-
 #include <unistd.h>
 
 #include <cstring>
@@ -114,7 +113,10 @@ int main(int argc, char** argv) {
   // Per dtype: the copy of x's bytes first, then every op x impl against it.
   for (auto [dt, dname] : {std::pair{tefl::DType::kF32, "fp32"}, std::pair{tefl::DType::kBF16, "bf16"}}) {
     const std::string copy = std::string("BM_Copy/") + dname + "_bytes";
-    benchmark::RegisterBenchmark(copy.c_str(), BM_Copy)->Arg(int64_t(tefl::DLTypeOf(dt).bits / 8))->UseRealTime()->MinTime(1.0);
+    benchmark::RegisterBenchmark(copy.c_str(), BM_Copy)
+        ->Arg(int64_t(tefl::DLTypeOf(dt).bits / 8))
+        ->UseRealTime()
+        ->MinTime(1.0);
     for (const char* op : {"rmsnorm_fwd", "layernorm_fwd"}) {
       for (const char* impl : {"default.portable", "reference.cpp"}) {
         const std::string name = std::string("BM_Norm/") + op + "/" + dname + "/" + impl;

@@ -60,8 +60,16 @@ __attribute__((noinline)) int LoopManagerCall(TinyCall& c, tefl::OpManager& m) {
 }
 
 __attribute__((noinline)) int LoopKernelDirect(TinyCall& c) {
-  tefl_call_frame frame{TEFL_CALL_FRAME_STRUCT_SIZE, "rmsnorm_fwd", TEFL_OP_RMSNORM_FWD, 2, c.in, 2, c.out, &c.attrs,
-                        nullptr, tefl_host()};
+  tefl_call_frame frame{TEFL_CALL_FRAME_STRUCT_SIZE,
+                        "rmsnorm_fwd",
+                        TEFL_OP_RMSNORM_FWD,
+                        2,
+                        c.in,
+                        2,
+                        c.out,
+                        &c.attrs,
+                        nullptr,
+                        tefl_host()};
   int errors = 0;
   for (int i = 0; i < kCalls; ++i) errors += NoopKernel(&frame, nullptr) != nullptr;
   return errors;

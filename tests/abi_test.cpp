@@ -119,8 +119,8 @@ TEST(Abi, HalfConversionsRoundToNearestEven) {
   EXPECT_TRUE(std::isnan(BF16ToFloat(FloatToBF16(std::nanf("")))));
   EXPECT_EQ(FloatToF16(1.0f), 0x3C00);
   EXPECT_EQ(FloatToF16(65504.0f), 0x7BFF);
-  EXPECT_EQ(FloatToF16(65520.0f), 0x7C00);  // overflow to inf
-  EXPECT_EQ(FloatToF16(5.9604645e-8f), 0x0001);  // smallest subnormal
+  EXPECT_EQ(FloatToF16(65520.0f), 0x7C00);        // overflow to inf
+  EXPECT_EQ(FloatToF16(5.9604645e-8f), 0x0001);   // smallest subnormal
   EXPECT_EQ(FloatToF16(2.98023224e-8f), 0x0000);  // half of it: ties to even (0)
   for (uint32_t h = 0; h < 0x10000; ++h) {
     const uint16_t v = uint16_t(h);

@@ -38,11 +38,13 @@ Status DecliningRms(const tefl_call_frame&) { return Status(TEFL_UNSUPPORTED, "n
 TEST(Concurrency, DispatchWhilePoliciesFlipAndImplsRegister) {
   OpRegistry registry;
   OpManager manager(&registry);
-  ASSERT_TRUE(registry.RegisterImpl(OpImpl::FromFunction("rmsnorm_fwd", "vendor.flaky", BackendImplKind::VENDOR,
-                                                         "flaky", 1000, FailingRms))
+  ASSERT_TRUE(registry
+                  .RegisterImpl(OpImpl::FromFunction("rmsnorm_fwd", "vendor.flaky", BackendImplKind::VENDOR, "flaky",
+                                                     1000, FailingRms))
                   .ok());
-  ASSERT_TRUE(registry.RegisterImpl(OpImpl::FromFunction("rmsnorm_fwd", "vendor.shy", BackendImplKind::VENDOR,
-                                                         "shy", 900, DecliningRms))
+  ASSERT_TRUE(registry
+                  .RegisterImpl(OpImpl::FromFunction("rmsnorm_fwd", "vendor.shy", BackendImplKind::VENDOR, "shy", 900,
+                                                     DecliningRms))
                   .ok());
   testing::LogCapture quiet(TEFL_LOG_ERROR);
 
@@ -80,8 +82,9 @@ TEST(Concurrency, DispatchWhilePoliciesFlipAndImplsRegister) {
   std::thread flipper([&] {
     const char* prefers[] = {"vendor", "flagos", "reference"};
     for (int i = 0; i < 300; ++i) {
-      SetGlobalPolicy(SelectionPolicy().WithPrefer(prefers[i % 3]).WithDeniedVendors(
-          i % 4 == 0 ? std::set<std::string>{"dyn"} : std::set<std::string>{}));
+      SetGlobalPolicy(SelectionPolicy()
+                          .WithPrefer(prefers[i % 3])
+                          .WithDeniedVendors(i % 4 == 0 ? std::set<std::string>{"dyn"} : std::set<std::string>{}));
       if (i % 25 == 0) {
         Status s = registry.RegisterImpl(OpImpl::FromFunction("rmsnorm_fwd", "vendor.dyn" + std::to_string(i),
                                                               BackendImplKind::VENDOR, "dyn", i, GoodRms));

@@ -6,20 +6,19 @@
 // is covered without touching this file. Each one is run alone through a
 // strict policy whose per-op order is just "impl:<id>": the call runs exactly
 // that implementation or fails.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
-#include <cmath>
 #include <limits>
 #include <map>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "test_support.h"
 
@@ -234,11 +233,11 @@ void CheckAllImplementations(Problem& p, const ExtraCheck& check = nullptr) {
       EXPECT_TRUE(got.t.GuardsIntact()) << "wrote outside '" << got.name << "'";
       const Tolerance tol = ToleranceOf(got.name, got.t.dtype());
       const CompareResult r = Compare(got.t, want.t, tol);
-      EXPECT_EQ(r.mismatches, 0) << "'" << got.name << "' (" << tefl::DTypeName(got.t.dtype())
-                                 << ", atol " << tol.atol << ", rtol " << tol.rtol << "): " << r.ToString()
-                                 << (r.first_bad >= 0 ? fmt::format(" got {} want {}", got.t.at(r.first_bad),
-                                                                    want.t.at(r.first_bad))
-                                                      : std::string());
+      EXPECT_EQ(r.mismatches, 0) << "'" << got.name << "' (" << tefl::DTypeName(got.t.dtype()) << ", atol " << tol.atol
+                                 << ", rtol " << tol.rtol << "): " << r.ToString()
+                                 << (r.first_bad >= 0
+                                         ? fmt::format(" got {} want {}", got.t.at(r.first_bad), want.t.at(r.first_bad))
+                                         : std::string());
     }
     if (check) check(impl, run);
   }
@@ -248,14 +247,17 @@ void CheckAllImplementations(Problem& p, const ExtraCheck& check = nullptr) {
 const char* const kOps[] = {"layernorm_fwd", "rmsnorm_fwd", "layernorm_bwd", "rmsnorm_bwd", "rmsnorm_bwd_add"};
 
 const Combo kCombos[] = {
-    {DType::kF32, DType::kF32, DType::kF32},    {DType::kBF16, DType::kBF16, DType::kF32},
-    {DType::kBF16, DType::kBF16, DType::kBF16}, {DType::kF16, DType::kF16, DType::kF32},
+    {DType::kF32, DType::kF32, DType::kF32},
+    {DType::kBF16, DType::kBF16, DType::kF32},
+    {DType::kBF16, DType::kBF16, DType::kBF16},
+    {DType::kF16, DType::kF16, DType::kF32},
     {DType::kF16, DType::kF16, DType::kF16},
     // mixed: x bf16 with fp32 z (dz/dx), and fp32 x with bf16 z
-    {DType::kBF16, DType::kF32, DType::kF32},   {DType::kF32, DType::kBF16, DType::kF32},
+    {DType::kBF16, DType::kF32, DType::kF32},
+    {DType::kF32, DType::kBF16, DType::kF32},
 };
 
-const std::vector<int64_t> kShapes[] = {{0, 64},    {1, 1},    {1, 7},     {3, 17},   {5, 64},
+const std::vector<int64_t> kShapes[] = {{0, 64},   {1, 1},    {1, 7},     {3, 17},   {5, 64},
                                         {4, 4095}, {2, 8192}, {64, 1024}, {2, 3, 33}};
 
 using GridParam = std::tuple<int, int, bool, int>;  // op, combo, zcg, shape
@@ -284,7 +286,9 @@ INSTANTIATE_TEST_SUITE_P(Grid, NormConformance,
                          ::testing::Combine(::testing::Range(0, int(std::size(kOps))),
                                             ::testing::Range(0, int(std::size(kCombos))), ::testing::Bool(),
                                             ::testing::Range(0, int(std::size(kShapes)))),
-                         [](const ::testing::TestParamInfo<GridParam>& param_info) { return GridName(param_info.param); });
+                         [](const ::testing::TestParamInfo<GridParam>& param_info) {
+                           return GridName(param_info.param);
+                         });
 
 // ---- Special values ---------------------------------------------------------------------------
 // Forward problem with x rows chosen by the test (fp32 unless said).
@@ -355,7 +359,8 @@ TEST(NormConformanceSpecial, NanAndInfRows) {
             if (ln) {
               EXPECT_TRUE(std::isfinite(res.Out("mu").at(r))) << "mu[" << r << "]";
             }
-            for (int64_t j = 0; j < h; ++j) EXPECT_TRUE(std::isfinite(z.at(r * h + j))) << "z[" << r << ", " << j << "]";
+            for (int64_t j = 0; j < h; ++j)
+              EXPECT_TRUE(std::isfinite(z.at(r * h + j))) << "z[" << r << ", " << j << "]";
           }
           for (int64_t r : {2, 4}) {
             if (ln) {
@@ -387,7 +392,8 @@ TEST(NormConformanceSpecial, NanInBackward) {
         const Tensor& dx = res.Out("dx");
         for (int64_t j = 0; j < h; ++j) EXPECT_TRUE(std::isnan(dx.at(2 * h + j))) << "dx[2, " << j << "]";
         for (int64_t r : {0, 1, 3})
-          for (int64_t j = 0; j < h; ++j) EXPECT_TRUE(std::isfinite(dx.at(r * h + j))) << "dx[" << r << ", " << j << "]";
+          for (int64_t j = 0; j < h; ++j)
+            EXPECT_TRUE(std::isfinite(dx.at(r * h + j))) << "dx[" << r << ", " << j << "]";
         const Tensor& dg = res.Out("dgamma");
         for (int64_t j = 0; j < h; ++j) EXPECT_EQ(std::isnan(dg.at(j)), j == 11) << "dgamma[" << j << "]";
       });
@@ -479,8 +485,7 @@ TEST(NormConformanceSpecial, LargeAlignedOutputs) {
       EXPECT_EQ(rz.mismatches, 0) << "'z': " << rz.ToString();
       for (size_t i = 1; i < run.out.size(); ++i) {
         EXPECT_TRUE(run.out[i].t.GuardsIntact()) << run.out[i].name;
-        const CompareResult r =
-            Compare(run.out[i].t, ref.out[i].t, ToleranceOf(run.out[i].name, run.out[i].t.dtype()));
+        const CompareResult r = Compare(run.out[i].t, ref.out[i].t, ToleranceOf(run.out[i].name, run.out[i].t.dtype()));
         EXPECT_EQ(r.mismatches, 0) << "'" << run.out[i].name << "': " << r.ToString();
       }
     }

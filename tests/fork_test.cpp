@@ -40,8 +40,7 @@ TEST(Fork, ChildDispatchesWithItsOwnPoolAndSameRegistry) {
     alarm(30);  // a child waiting on workers that do not exist dies instead of hanging
     std::atomic<int> child_hits{0};
     tefl_host()->parallel_for(1000, 1, body, &child_hits);
-    const bool ok = child_hits.load() == 1000 && RowsCorrect(m) == 1 &&
-                    m.registry().Snapshot().size() == impls_before;
+    const bool ok = child_hits.load() == 1000 && RowsCorrect(m) == 1 && m.registry().Snapshot().size() == impls_before;
     _exit(ok ? 0 : 1);
   }
   int status = 0;

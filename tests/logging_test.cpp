@@ -1,10 +1,11 @@
 // TE-FL's log lines appear exactly once, at the right level, in TE-FL's
 // format; TE_FL_VERBOSE adds dispatch and exec lines.
+#include "core/logging.h"
+
 #include <gtest/gtest.h>
 
 #include <regex>
 
-#include "core/logging.h"
 #include "test_support.h"
 
 namespace tefl {

@@ -51,8 +51,8 @@ TEST(Registry, Rejections) {
 
 TEST(Registry, RegisterManyIsAllOrNothing) {
   OpRegistry r;
-  Status s = r.RegisterMany({Impl("rmsnorm_fwd", "default.a"), Impl("rmsnorm_fwd", "default.b"),
-                             Impl("rmsnorm_fwd", "default.a")});
+  Status s = r.RegisterMany(
+      {Impl("rmsnorm_fwd", "default.a"), Impl("rmsnorm_fwd", "default.b"), Impl("rmsnorm_fwd", "default.a")});
   EXPECT_EQ(s.code(), TEFL_ALREADY_EXISTS);
   EXPECT_TRUE(r.Snapshot().empty());
   ASSERT_TRUE(r.RegisterMany({Impl("rmsnorm_fwd", "default.a"), Impl("rmsnorm_bwd", "default.a")}).ok());
@@ -66,7 +66,7 @@ TEST(Registry, CRegistrarCopiesTheDescriptor) {
   tefl_registrar reg = r.Registrar();
   std::string op = "rmsnorm_fwd", id = "vendor.c", vendor = "cvendor";
   tefl_impl_desc d = {TEFL_IMPL_DESC_STRUCT_SIZE, op.c_str(), id.c_str(), TEFL_KIND_VENDOR, 7, vendor.c_str(),
-                      TEFL_DEVICE_BIT(kDLCPU), CKernel, nullptr, nullptr};
+                      TEFL_DEVICE_BIT(kDLCPU),    CKernel,    nullptr,    nullptr};
   ASSERT_EQ(reg.register_impl(reg.ctx, &d), nullptr);
   vendor = "overwritten";  // the registry must not keep the caller's pointers
   auto impl = r.GetImplementation("rmsnorm_fwd", "vendor.c");

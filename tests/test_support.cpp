@@ -1,10 +1,10 @@
 #include "test_support.h"
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <cstring>
 #include <random>
-
-#include <fmt/format.h>
 
 #include "core/logging.h"
 
@@ -68,11 +68,15 @@ bool Tensor::SameBytes(const Tensor& other) const {
 
 Tolerance ToleranceFor(DType dtype) {
   switch (dtype) {
-    case DType::kF16: return {1e-5, 1e-3};
-    case DType::kBF16: return {1e-5, 1e-2};
+    case DType::kF16:
+      return {1e-5, 1e-3};
+    case DType::kBF16:
+      return {1e-5, 1e-2};
     case DType::kE4M3:
-    case DType::kE5M2: return {1e-2, 1e-2};
-    default: return {1e-6, 5e-6};
+    case DType::kE5M2:
+      return {1e-2, 1e-2};
+    default:
+      return {1e-6, 5e-6};
   }
 }
 

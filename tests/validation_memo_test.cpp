@@ -40,13 +40,20 @@ struct Pool {
     t.shape = const_cast<int64_t*>(shape.data());
     t.ndim = int(shape.size());
     switch (rng() % 10) {
-      case 0: t.data = nullptr; break;
-      case 1: t.byte_offset = 2; break;  // misaligned for 4-byte types
+      case 0:
+        t.data = nullptr;
+        break;
+      case 1:
+        t.byte_offset = 2;
+        break;  // misaligned for 4-byte types
       case 2:
         if (t.ndim == 2) t.strides = strides[rng() % 2].data();
         break;
-      case 3: t.device.device_type = kDLCUDA; break;
-      default: break;
+      case 3:
+        t.device.device_type = kDLCUDA;
+        break;
+      default:
+        break;
     }
     return t;
   }
@@ -96,8 +103,8 @@ TEST(ValidationMemo, AgreesWithFullValidationOnRandomCalls) {
     SigKey k_full{}, k_memo{};
     tefl_status* e_full = ValidateCall(op, args, &k_full);
     tefl_status* e_memo = ValidateCallMemo(op, args, &k_memo, memo.get());
-    ASSERT_EQ(e_full == nullptr, e_memo == nullptr) << "iteration " << iter << ": "
-                                                    << tefl_status_message(e_full ? e_full : e_memo);
+    ASSERT_EQ(e_full == nullptr, e_memo == nullptr)
+        << "iteration " << iter << ": " << tefl_status_message(e_full ? e_full : e_memo);
     if (e_full) {
       ASSERT_STREQ(tefl_status_message(e_full), tefl_status_message(e_memo)) << "iteration " << iter;
       ++rejected;

@@ -17,7 +17,10 @@ struct RopeCall {
   tefl_rope_attrs attrs{TEFL_ROPE_ATTRS_STRUCT_SIZE, TEFL_QKV_SBHD, 0, 1, 0};
   bool with_start = false, with_cu = false;
   RopeCall(std::vector<int64_t> shape, int64_t s_max, int64_t d2)
-      : x(DType::kBF16, shape), freqs(DType::kF32, {s_max, 1, 1, d2}), start(DType::kI32, {2}), cu(DType::kI32, {3}),
+      : x(DType::kBF16, shape),
+        freqs(DType::kF32, {s_max, 1, 1, d2}),
+        start(DType::kI32, {2}),
+        cu(DType::kI32, {3}),
         out(DType::kBF16, shape) {}
   Status Run(OpManager& m, const char* op = "fused_rope_forward") {
     const DLTensor* in[] = {x.ptr(), freqs.ptr(), with_start ? start.ptr() : nullptr, with_cu ? cu.ptr() : nullptr};

@@ -8,6 +8,7 @@
 // OpManager. The manager's registry holds a "spy" implementation of every op
 // that counts its calls and declines (so valid calls fall back to the
 // built-ins): a rejected call must leave the spy count at 0.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -19,8 +20,6 @@
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "core/catalogue.h"
 #include "test_support.h"
@@ -99,7 +98,7 @@ class OpCall {
     bwd_attrs = {TEFL_NORM_BWD_ATTRS_STRUCT_SIZE, 0, 0};
     auto add = [&](const ArgSpec& a, bool is_input) {
       const DType t = a.role == Role::kStats ? DType::kF32 : dt;
-      std::vector<int64_t> shape = a.role == Role::kLikeX ? std::vector<int64_t>{n, h}
+      std::vector<int64_t> shape = a.role == Role::kLikeX  ? std::vector<int64_t>{n, h}
                                    : a.role == Role::kCols ? std::vector<int64_t>{h}
                                                            : std::vector<int64_t>{n};
       auto tensor = std::make_unique<Tensor>(t, shape);
@@ -231,8 +230,7 @@ class Validation : public ::testing::Test {
   // Calls `c`, expects `code` with every needle in the message (the op name
   // always), no kernel call, and every tensor byte-for-byte unchanged with
   // guards intact.
-  void ExpectRejected(OpCall& c, const std::vector<std::string>& needles,
-                      int32_t code = TEFL_INVALID_ARGUMENT) {
+  void ExpectRejected(OpCall& c, const std::vector<std::string>& needles, int32_t code = TEFL_INVALID_ARGUMENT) {
     const std::vector<Tensor> before = c.Snapshot();
     const int spy_before = spy_calls_.load();
     log_.Clear();
@@ -244,8 +242,7 @@ class Validation : public ::testing::Test {
     EXPECT_NE(s.message().find(std::string(c.spec().op) + ": "), std::string::npos)
         << "message does not start with the op name: " << s.message();
     for (const std::string& needle : needles)
-      EXPECT_NE(s.message().find(needle), std::string::npos)
-          << "message lacks \"" << needle << "\": " << s.message();
+      EXPECT_NE(s.message().find(needle), std::string::npos) << "message lacks \"" << needle << "\": " << s.message();
     EXPECT_EQ(spy_calls_.load(), spy_before) << "a kernel ran for a rejected call: " << s.ToString();
     for (size_t i = 0; i < before.size(); ++i) {
       EXPECT_TRUE(c.T(i).SameBytes(before[i])) << "'" << c.name(i) << "' changed";
@@ -520,8 +517,8 @@ TEST_F(Validation, StatisticsMayTakeTheLeadingShapeOfX) {
       if (variant <= 1) {
         ExpectAccepted(c);
       } else {
-        ExpectRejected(c, {"expected shape [4] (N = rows of 'x' [2, 2, 8])",
-                           variant == 2 ? "got [2]" : "got [2, 2, 1]"});
+        ExpectRejected(c,
+                       {"expected shape [4] (N = rows of 'x' [2, 2, 8])", variant == 2 ? "got [2]" : "got [2, 2, 1]"});
       }
     }
   }
@@ -564,7 +561,8 @@ TEST_F(Validation, NullDataWithElements) {
       SCOPED_TRACE(fmt::format("{} {}", spec.op, c.name(i)));
       const int64_t numel = c.T(i).numel();
       c.D(i).data = nullptr;
-      ExpectRejected(c, {fmt::format("'{}'", c.name(i)), fmt::format("data is NULL for a tensor of {} elements", numel)});
+      ExpectRejected(c,
+                     {fmt::format("'{}'", c.name(i)), fmt::format("data is NULL for a tensor of {} elements", numel)});
     }
   }
 }
@@ -624,8 +622,8 @@ TEST_F(Validation, NonContiguousStrides) {
       c.Replace(o, DType::kF32, {c.n(), 2 * c.h()});
       c.SetShape(o, {c.n(), c.h()});
       c.SetStrides(o, {2 * c.h(), 1});
-      ExpectRejected(c, {fmt::format("'{}' (output 0)", o), "expected a contiguous row-major tensor",
-                         "strides [16, 1]"});
+      ExpectRejected(c,
+                     {fmt::format("'{}' (output 0)", o), "expected a contiguous row-major tensor", "strides [16, 1]"});
     }
   }
 }
@@ -732,8 +730,8 @@ TEST_F(Validation, OutputsOverlapEachOther) {
     {
       OpCall c(spec);
       c.View(later).data = c.D(earlier).data;
-      ExpectRejected(c, {fmt::format("'{}' (output {})", earlier, k - 2),
-                         fmt::format("overlaps '{}' (output {})", later, k - 1)});
+      ExpectRejected(
+          c, {fmt::format("'{}' (output {})", earlier, k - 2), fmt::format("overlaps '{}' (output {})", later, k - 1)});
     }
     {
       OpCall c(spec);  // one shared element at the end of the earlier output
@@ -880,8 +878,8 @@ TEST_F(Validation, UnknownOpNameAndId) {
     EXPECT_TRUE(c.T(i).GuardsIntact()) << c.name(i);
   }
   {
-    tefl_status* st = tefl_call(9999, c.in.data(), int32_t(c.in.size()), c.out.data(), int32_t(c.out.size()),
-                                nullptr, nullptr);
+    tefl_status* st =
+        tefl_call(9999, c.in.data(), int32_t(c.in.size()), c.out.data(), int32_t(c.out.size()), nullptr, nullptr);
     EXPECT_EQ(tefl_status_code_of(st), TEFL_NOT_FOUND);
     tefl_status_free(st);
   }
@@ -922,9 +920,9 @@ TEST_F(Validation, EmptyRowsAreValidForEveryImplementation) {
       if (impl.impl_id == "flagos.spy") continue;
       SCOPED_TRACE(fmt::format("{} {}", spec.op, impl.impl_id));
       tefl::SelectionPolicy policy;
-      ASSERT_TRUE(tefl::SelectionPolicy::Make("flagos", true, {{spec.op, {"impl:" + impl.impl_id}}}, {},
-                                              std::nullopt, &policy)
-                      .ok());
+      ASSERT_TRUE(
+          tefl::SelectionPolicy::Make("flagos", true, {{spec.op, {"impl:" + impl.impl_id}}}, {}, std::nullopt, &policy)
+              .ok());
       tefl::PolicyContext ctx(policy);
       OpCall c(spec, 0, 8);
       for (size_t i = 0; i < c.num_args(); ++i)
@@ -1047,8 +1045,7 @@ TEST_F(Validation, TypedCallsReportTheSameErrors) {
     const Status s = tefl::rmsnorm_bwd_add(c.D("dz"), c.D("x"), c.D("add"), c.D("rsigma"), c.D("gamma"), c.D("dx"),
                                            c.D("dgamma"), opts);
     EXPECT_EQ(s.code(), TEFL_INVALID_ARGUMENT) << s.ToString();
-    EXPECT_NE(s.message().find("'add' (input 2): expected shape [4, 8] (that of 'x'), got [8, 4]"),
-              std::string::npos)
+    EXPECT_NE(s.message().find("'add' (input 2): expected shape [4, 8] (that of 'x'), got [8, 4]"), std::string::npos)
         << s.message();
   }
   EXPECT_EQ(spy_calls_.load(), 0);
@@ -1062,8 +1059,8 @@ namespace {
 TEST(ValidationLimits, OverflowingShapesAndStrides) {
   OpManager mgr;
   std::vector<float> data(64), gamma(8), z(64), rs(8);
-  int64_t huge[2] = {int64_t(1) << 40, int64_t(1) << 40}, hs[1] = {int64_t(1) << 40}, ok_shape[2] = {8, 8},
-          gs[1] = {8}, rss[1] = {8};
+  int64_t huge[2] = {int64_t(1) << 40, int64_t(1) << 40}, hs[1] = {int64_t(1) << 40}, ok_shape[2] = {8, 8}, gs[1] = {8},
+          rss[1] = {8};
   DLTensor x{data.data(), {kDLCPU, 0}, 2, {kDLFloat, 32, 1}, huge, nullptr, 0};
   DLTensor g{gamma.data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, hs, nullptr, 0};
   DLTensor tz{z.data(), {kDLCPU, 0}, 2, {kDLFloat, 32, 1}, ok_shape, nullptr, 0};

@@ -48,8 +48,7 @@ typedef struct tefl_norm_fwd_attrs {
   int32_t sm_margin;
 } tefl_norm_fwd_attrs;
 TEFL_STATIC_ASSERT(offsetof(tefl_norm_fwd_attrs, eps) == 8, "append-only");
-TEFL_STATIC_ASSERT(offsetof(tefl_norm_fwd_attrs, zero_centered_gamma) == 12,
-                   "append-only");
+TEFL_STATIC_ASSERT(offsetof(tefl_norm_fwd_attrs, zero_centered_gamma) == 12, "append-only");
 TEFL_STATIC_ASSERT(offsetof(tefl_norm_fwd_attrs, sm_margin) == 16, "append-only");
 #define TEFL_NORM_FWD_ATTRS_STRUCT_SIZE TEFL_STRUCT_SIZE(tefl_norm_fwd_attrs, sm_margin)
 typedef tefl_norm_fwd_attrs tefl_layernorm_fwd_attrs;
@@ -61,8 +60,7 @@ typedef struct tefl_norm_bwd_attrs {
   int32_t zero_centered_gamma;
   int32_t sm_margin;
 } tefl_norm_bwd_attrs;
-TEFL_STATIC_ASSERT(offsetof(tefl_norm_bwd_attrs, zero_centered_gamma) == 8,
-                   "append-only");
+TEFL_STATIC_ASSERT(offsetof(tefl_norm_bwd_attrs, zero_centered_gamma) == 8, "append-only");
 TEFL_STATIC_ASSERT(offsetof(tefl_norm_bwd_attrs, sm_margin) == 12, "append-only");
 #define TEFL_NORM_BWD_ATTRS_STRUCT_SIZE TEFL_STRUCT_SIZE(tefl_norm_bwd_attrs, sm_margin)
 typedef tefl_norm_bwd_attrs tefl_layernorm_bwd_attrs;

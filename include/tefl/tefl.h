@@ -45,11 +45,11 @@ extern "C" {
 /* ---- Data types --------------------------------------------------------
  * DLPack 1.1 standardised these codes; the Debian header (DLPack 0.6)
  * predates them, so tefl defines exactly those numeric values. */
-#define TEFL_DL_FLOAT8_E4M3FN 10 /* bits 8, max 448, no inf */
-#define TEFL_DL_FLOAT8_E5M2 12   /* bits 8, max 57344 */
+#define TEFL_DL_FLOAT8_E4M3FN 10  /* bits 8, max 448, no inf */
+#define TEFL_DL_FLOAT8_E5M2 12    /* bits 8, max 57344 */
 #define TEFL_DL_FLOAT8_E8M0FNU 14 /* bits 8, scale exponent */
-#define TEFL_DL_FLOAT4_E2M1FN 17 /* bits 4 */
-#define TEFL_DL_BOOL 6           /* DLPack >= 0.8 kDLBool, bits 8 */
+#define TEFL_DL_FLOAT4_E2M1FN 17  /* bits 4 */
+#define TEFL_DL_BOOL 6            /* DLPack >= 0.8 kDLBool, bits 8 */
 
 /* ---- Status ---------------------------------------------------------- */
 typedef enum tefl_status_code {
@@ -76,8 +76,8 @@ TEFL_API void tefl_status_free(tefl_status* status);
 
 /* ---- Implementation kinds (TE-FL's BackendImplKind) -------------------- */
 typedef enum tefl_impl_kind {
-  TEFL_KIND_DEFAULT = 0, /* "flagos": the portable implementation */
-  TEFL_KIND_VENDOR = 1,  /* "vendor": needs a vendor name */
+  TEFL_KIND_DEFAULT = 0,  /* "flagos": the portable implementation */
+  TEFL_KIND_VENDOR = 1,   /* "vendor": needs a vendor name */
   TEFL_KIND_REFERENCE = 2 /* "reference": the oracle */
 } tefl_impl_kind;
 
@@ -120,8 +120,7 @@ TEFL_STATIC_ASSERT(offsetof(tefl_call_frame, host) == 64, "append-only");
 /* A kernel returns NULL on success, a TEFL_UNSUPPORTED status when it
  * declines (before writing any output), or an error status. The frame has
  * already been validated against the op's schema. */
-typedef tefl_status* (*tefl_kernel_fn)(const tefl_call_frame* frame,
-                                       void* user_data);
+typedef tefl_status* (*tefl_kernel_fn)(const tefl_call_frame* frame, void* user_data);
 
 /* Optional. Returns 1 when the implementation serves calls like `frame`,
  * else 0 with a human-readable reason in why[0..why_len). The answer is
@@ -129,20 +128,18 @@ typedef tefl_status* (*tefl_kernel_fn)(const tefl_call_frame* frame,
  * contiguity and presence, and the op's signature attributes), so it must
  * depend on nothing else; shape-dependent refusals belong in the kernel
  * (return TEFL_UNSUPPORTED). */
-typedef int32_t (*tefl_supports_fn)(const tefl_call_frame* frame,
-                                    void* user_data, char* why,
-                                    size_t why_len);
+typedef int32_t (*tefl_supports_fn)(const tefl_call_frame* frame, void* user_data, char* why, size_t why_len);
 
 /* Bit for a DLPack device type in tefl_impl_desc.device_mask. */
 #define TEFL_DEVICE_BIT(dl_device_type) (UINT64_C(1) << (dl_device_type))
 
 typedef struct tefl_impl_desc {
   size_t struct_size;
-  const char* op_name; /* catalogue op name (or an alias such as rope_fwd) */
-  const char* impl_id; /* "kind.name", e.g. "vendor.onednn"; unique per op */
-  int32_t kind;        /* tefl_impl_kind */
-  int32_t priority;    /* higher first within one policy token */
-  const char* vendor;  /* required for TEFL_KIND_VENDOR, else may be NULL */
+  const char* op_name;  /* catalogue op name (or an alias such as rope_fwd) */
+  const char* impl_id;  /* "kind.name", e.g. "vendor.onednn"; unique per op */
+  int32_t kind;         /* tefl_impl_kind */
+  int32_t priority;     /* higher first within one policy token */
+  const char* vendor;   /* required for TEFL_KIND_VENDOR, else may be NULL */
   uint64_t device_mask; /* TEFL_DEVICE_BIT(kDLCPU) | ... */
   tefl_kernel_fn kernel;
   tefl_supports_fn supports; /* may be NULL: serves every call */
@@ -166,14 +163,12 @@ typedef struct tefl_device_runtime {
   const char* name;    /* "cpu", "cuda", ... */
   void* ctx;           /* passed to every function below */
   int32_t (*device_count)(void* ctx);
-  tefl_status* (*alloc)(void* ctx, int32_t device_id, size_t bytes,
-                        size_t alignment, void** out);
+  tefl_status* (*alloc)(void* ctx, int32_t device_id, size_t bytes, size_t alignment, void** out);
   void (*free)(void* ctx, int32_t device_id, void* ptr);
-  tefl_status* (*copy_to_device)(void* ctx, int32_t device_id, void* dst,
-                                 const void* host_src, size_t bytes,
+  tefl_status* (*copy_to_device)(void* ctx, int32_t device_id, void* dst, const void* host_src, size_t bytes,
                                  void* stream);
-  tefl_status* (*copy_to_host)(void* ctx, int32_t device_id, void* host_dst,
-                               const void* src, size_t bytes, void* stream);
+  tefl_status* (*copy_to_host)(void* ctx, int32_t device_id, void* host_dst, const void* src, size_t bytes,
+                               void* stream);
   tefl_status* (*stream_sync)(void* ctx, int32_t device_id, void* stream);
 } tefl_device_runtime;
 TEFL_STATIC_ASSERT(offsetof(tefl_device_runtime, device_type) == 8, "append-only");
@@ -199,12 +194,10 @@ typedef struct tefl_host_services {
   int32_t (*status_code)(const tefl_status* status);
   const char* (*status_message)(const tefl_status* status);
   /* Logs through tefl's logger (TEFL_LOG_LEVEL applies). */
-  void (*log)(int32_t level, const char* file, int32_t line,
-              const char* message);
+  void (*log)(int32_t level, const char* file, int32_t line, const char* message);
   /* Runs body over [0, n) split into chunks of at least `grain` on the host's
    * thread pool; returns when all chunks are done. Chunks never overlap. */
-  void (*parallel_for)(int64_t n, int64_t grain, tefl_parallel_body_fn body,
-                       void* ctx);
+  void (*parallel_for)(int64_t n, int64_t grain, tefl_parallel_body_fn body, void* ctx);
   /* Number of threads parallel_for may use (>= 1). */
   int32_t (*num_threads)(void);
   /* The runtime registered for a device type, or NULL. */
@@ -227,13 +220,11 @@ typedef struct tefl_registrar {
   /* Copies everything it needs from desc (strings included). Errors:
    * unknown op, duplicate impl_id, vendor kind without vendor, no kernel. */
   tefl_status* (*register_impl)(void* ctx, const tefl_impl_desc* desc);
-  tefl_status* (*register_device_runtime)(void* ctx,
-                                          const tefl_device_runtime* runtime);
+  tefl_status* (*register_device_runtime)(void* ctx, const tefl_device_runtime* runtime);
 } tefl_registrar;
 TEFL_STATIC_ASSERT(offsetof(tefl_registrar, ctx) == 8, "append-only");
 TEFL_STATIC_ASSERT(offsetof(tefl_registrar, register_impl) == 16, "append-only");
-TEFL_STATIC_ASSERT(offsetof(tefl_registrar, register_device_runtime) == 24,
-                   "append-only");
+TEFL_STATIC_ASSERT(offsetof(tefl_registrar, register_device_runtime) == 24, "append-only");
 #define TEFL_REGISTRAR_STRUCT_SIZE TEFL_STRUCT_SIZE(tefl_registrar, register_device_runtime)
 
 /* ---- Plugin entry points ----------------------------------------------
@@ -258,18 +249,15 @@ TEFL_STATIC_ASSERT(offsetof(tefl_plugin_info, abi_major) == 32, "append-only");
 #define TEFL_PLUGIN_INFO_SYMBOL "tefl_plugin_info"
 #define TEFL_PLUGIN_REGISTER_SYMBOL "tefl_plugin_register"
 typedef const tefl_plugin_info* (*tefl_plugin_info_fn)(void);
-typedef tefl_status* (*tefl_plugin_register_fn)(const tefl_host_services* host,
-                                                const tefl_registrar* registrar);
+typedef tefl_status* (*tefl_plugin_register_fn)(const tefl_host_services* host, const tefl_registrar* registrar);
 
 /* ---- Calling ops from C ---------------------------------------------------
  * Validates the call against the op's schema, resolves the implementation
  * chain under the current policy (cached per call signature) and runs it with
  * fallback. `attrs` may be NULL (all defaults) or a tefl_<op>_attrs of any
  * struct_size. Returns NULL on success. Uses the default manager. */
-TEFL_API tefl_status* tefl_call(int32_t op_id, const DLTensor* const* inputs,
-                                int32_t num_inputs, DLTensor* const* outputs,
-                                int32_t num_outputs, const void* attrs,
-                                void* stream);
+TEFL_API tefl_status* tefl_call(int32_t op_id, const DLTensor* const* inputs, int32_t num_inputs,
+                                DLTensor* const* outputs, int32_t num_outputs, const void* attrs, void* stream);
 /* The TEFL_OP_* id for a name or alias ("rope_fwd"), or -1. */
 TEFL_API int32_t tefl_op_id(const char* op_name);
 /* Registers into the default registry (same contract as the registrar). */

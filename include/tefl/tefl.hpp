@@ -52,8 +52,8 @@ const char* StatusCodeName(int32_t code);
 
 // ---- Kinds and implementations --------------------------------------------
 enum class BackendImplKind : int32_t {
-  DEFAULT = TEFL_KIND_DEFAULT,  // token "flagos"
-  VENDOR = TEFL_KIND_VENDOR,    // token "vendor"
+  DEFAULT = TEFL_KIND_DEFAULT,      // token "flagos"
+  VENDOR = TEFL_KIND_VENDOR,        // token "vendor"
   REFERENCE = TEFL_KIND_REFERENCE,  // token "reference"
 };
 // "flagos", "vendor" or "reference" (TE-FL's BackendImplKind values).
@@ -67,7 +67,7 @@ struct OpImpl {
   std::string op_name;  // catalogue name; aliases are mapped to it
   std::string impl_id;  // "kind.name", unique per op
   BackendImplKind kind = BackendImplKind::DEFAULT;
-  std::string vendor;   // required for VENDOR
+  std::string vendor;  // required for VENDOR
   int32_t priority = 0;
   uint64_t device_mask = TEFL_DEVICE_BIT(kDLCPU);
   tefl_kernel_fn kernel = nullptr;
@@ -78,8 +78,8 @@ struct OpImpl {
   std::shared_ptr<void> keepalive;
 
   // Wraps a C++ callable as an implementation.
-  static OpImpl FromFunction(std::string op_name, std::string impl_id, BackendImplKind kind,
-                             std::string vendor, int32_t priority, KernelFunction fn);
+  static OpImpl FromFunction(std::string op_name, std::string impl_id, BackendImplKind kind, std::string vendor,
+                             int32_t priority, KernelFunction fn);
   static OpImpl FromDesc(const tefl_impl_desc& desc);
 };
 
@@ -109,14 +109,12 @@ class SelectionPolicy {
   static Status Make(std::string_view prefer, bool strict,
                      const std::map<std::string, std::vector<std::string>>& per_op_order,
                      const std::set<std::string>& deny_vendors,
-                     const std::optional<std::set<std::string>>& allow_vendors,
-                     SelectionPolicy* out);
+                     const std::optional<std::set<std::string>>& allow_vendors, SelectionPolicy* out);
 
   // From TE_FL_* variables through `getenv` (std::getenv by default).
   // Malformed values are reported in `warnings` and ignored, never fatal.
   using EnvLookup = std::function<const char*(const char*)>;
-  static SelectionPolicy FromEnv(std::vector<std::string>* warnings = nullptr,
-                                 const EnvLookup& getenv = nullptr);
+  static SelectionPolicy FromEnv(std::vector<std::string>* warnings = nullptr, const EnvLookup& getenv = nullptr);
 
   const std::string& prefer() const { return prefer_; }
   bool strict() const { return strict_; }
@@ -210,18 +208,18 @@ struct CandidateReport {
   BackendImplKind kind;
   std::string vendor;
   int32_t priority = 0;
-  bool accepted = false;   // in the chain
-  bool demoted = false;    // moved last for this signature after a failure
-  std::string reason;      // why rejected ("" when accepted)
+  bool accepted = false;  // in the chain
+  bool demoted = false;   // moved last for this signature after a failure
+  std::string reason;     // why rejected ("" when accepted)
 };
 struct Resolution {
   std::string op_name;
-  std::string signature;            // e.g. "x:bfloat16[2d] gamma:float32[1d] ..."
-  std::string policy;               // the policy fingerprint in force
-  std::vector<std::string> order;   // token order used for this op
-  std::vector<std::string> chain;   // impl ids tried in order
+  std::string signature;                    // e.g. "x:bfloat16[2d] gamma:float32[1d] ..."
+  std::string policy;                       // the policy fingerprint in force
+  std::vector<std::string> order;           // token order used for this op
+  std::vector<std::string> chain;           // impl ids tried in order
   std::vector<CandidateReport> candidates;  // every registered impl of the op
-  std::string error;                // non-empty if the call cannot be served
+  std::string error;                        // non-empty if the call cannot be served
 };
 
 class OpManager {
@@ -240,16 +238,14 @@ class OpManager {
 
   // Validates, resolves (cached per call signature) and runs with fallback.
   // `attrs` may be NULL (defaults) or any struct_size of the op's attrs.
-  Status Call(int32_t op_id, std::span<const DLTensor* const> inputs,
-              std::span<DLTensor* const> outputs, const void* attrs = nullptr,
-              void* stream = nullptr);
-  Status Call(std::string_view op_name, std::span<const DLTensor* const> inputs,
-              std::span<DLTensor* const> outputs, const void* attrs = nullptr,
-              void* stream = nullptr);
+  Status Call(int32_t op_id, std::span<const DLTensor* const> inputs, std::span<DLTensor* const> outputs,
+              const void* attrs = nullptr, void* stream = nullptr);
+  Status Call(std::string_view op_name, std::span<const DLTensor* const> inputs, std::span<DLTensor* const> outputs,
+              const void* attrs = nullptr, void* stream = nullptr);
   // The resolution a call like this one gets, with every candidate and why.
   // Validates first: an invalid call gives its error in Resolution::error.
-  Resolution Explain(int32_t op_id, std::span<const DLTensor* const> inputs,
-                     std::span<DLTensor* const> outputs, const void* attrs = nullptr);
+  Resolution Explain(int32_t op_id, std::span<const DLTensor* const> inputs, std::span<DLTensor* const> outputs,
+                     const void* attrs = nullptr);
   // The impl id that last ran `op_name` through this manager ("" if none).
   std::string GetSelectedImplId(std::string_view op_name) const;
 
@@ -272,19 +268,17 @@ struct CallOptions {
   void* stream = nullptr;
   OpManager* manager = nullptr;
 };
-Status layernorm_fwd(const DLTensor& x, const DLTensor& gamma, const DLTensor& beta, float eps,
-                     DLTensor& z, DLTensor& mu, DLTensor& rsigma, const CallOptions& opts = {});
-Status layernorm_bwd(const DLTensor& dz, const DLTensor& x, const DLTensor& mu,
-                     const DLTensor& rsigma, const DLTensor& gamma, DLTensor& dx,
-                     DLTensor& dgamma, DLTensor& dbeta, const CallOptions& opts = {});
-Status rmsnorm_fwd(const DLTensor& x, const DLTensor& gamma, float eps, DLTensor& z,
-                   DLTensor& rsigma, const CallOptions& opts = {});
-Status rmsnorm_bwd(const DLTensor& dz, const DLTensor& x, const DLTensor& rsigma,
-                   const DLTensor& gamma, DLTensor& dx, DLTensor& dgamma,
+Status layernorm_fwd(const DLTensor& x, const DLTensor& gamma, const DLTensor& beta, float eps, DLTensor& z,
+                     DLTensor& mu, DLTensor& rsigma, const CallOptions& opts = {});
+Status layernorm_bwd(const DLTensor& dz, const DLTensor& x, const DLTensor& mu, const DLTensor& rsigma,
+                     const DLTensor& gamma, DLTensor& dx, DLTensor& dgamma, DLTensor& dbeta,
+                     const CallOptions& opts = {});
+Status rmsnorm_fwd(const DLTensor& x, const DLTensor& gamma, float eps, DLTensor& z, DLTensor& rsigma,
                    const CallOptions& opts = {});
-Status rmsnorm_bwd_add(const DLTensor& dz, const DLTensor& x, const DLTensor& add,
-                       const DLTensor& rsigma, const DLTensor& gamma, DLTensor& dx,
-                       DLTensor& dgamma, const CallOptions& opts = {});
+Status rmsnorm_bwd(const DLTensor& dz, const DLTensor& x, const DLTensor& rsigma, const DLTensor& gamma, DLTensor& dx,
+                   DLTensor& dgamma, const CallOptions& opts = {});
+Status rmsnorm_bwd_add(const DLTensor& dz, const DLTensor& x, const DLTensor& add, const DLTensor& rsigma,
+                       const DLTensor& gamma, DLTensor& dx, DLTensor& dgamma, const CallOptions& opts = {});
 
 }  // namespace tefl
 

@@ -12,15 +12,15 @@ tefl_norm_bwd_attrs BwdAttrs(const CallOptions& opts) {
 
 Status layernorm_fwd(const DLTensor& x, const DLTensor& gamma, const DLTensor& beta, float eps, DLTensor& z,
                      DLTensor& mu, DLTensor& rsigma, const CallOptions& opts) {
-  const tefl_norm_fwd_attrs attrs{TEFL_NORM_FWD_ATTRS_STRUCT_SIZE, eps, opts.zero_centered_gamma ? 1 : 0, opts.sm_margin};
+  const tefl_norm_fwd_attrs attrs{TEFL_NORM_FWD_ATTRS_STRUCT_SIZE, eps, opts.zero_centered_gamma ? 1 : 0,
+                                  opts.sm_margin};
   const DLTensor* in[] = {&x, &gamma, &beta};
   DLTensor* out[] = {&z, &mu, &rsigma};
   return ManagerOf(opts).Call(TEFL_OP_LAYERNORM_FWD, in, out, &attrs, opts.stream);
 }
 
 Status layernorm_bwd(const DLTensor& dz, const DLTensor& x, const DLTensor& mu, const DLTensor& rsigma,
-                     const DLTensor& gamma, DLTensor& dx, DLTensor& dgamma, DLTensor& dbeta,
-                     const CallOptions& opts) {
+                     const DLTensor& gamma, DLTensor& dx, DLTensor& dgamma, DLTensor& dbeta, const CallOptions& opts) {
   const tefl_norm_bwd_attrs attrs = BwdAttrs(opts);
   const DLTensor* in[] = {&dz, &x, &mu, &rsigma, &gamma};
   DLTensor* out[] = {&dx, &dgamma, &dbeta};
@@ -29,14 +29,15 @@ Status layernorm_bwd(const DLTensor& dz, const DLTensor& x, const DLTensor& mu, 
 
 Status rmsnorm_fwd(const DLTensor& x, const DLTensor& gamma, float eps, DLTensor& z, DLTensor& rsigma,
                    const CallOptions& opts) {
-  const tefl_norm_fwd_attrs attrs{TEFL_NORM_FWD_ATTRS_STRUCT_SIZE, eps, opts.zero_centered_gamma ? 1 : 0, opts.sm_margin};
+  const tefl_norm_fwd_attrs attrs{TEFL_NORM_FWD_ATTRS_STRUCT_SIZE, eps, opts.zero_centered_gamma ? 1 : 0,
+                                  opts.sm_margin};
   const DLTensor* in[] = {&x, &gamma};
   DLTensor* out[] = {&z, &rsigma};
   return ManagerOf(opts).Call(TEFL_OP_RMSNORM_FWD, in, out, &attrs, opts.stream);
 }
 
-Status rmsnorm_bwd(const DLTensor& dz, const DLTensor& x, const DLTensor& rsigma, const DLTensor& gamma,
-                   DLTensor& dx, DLTensor& dgamma, const CallOptions& opts) {
+Status rmsnorm_bwd(const DLTensor& dz, const DLTensor& x, const DLTensor& rsigma, const DLTensor& gamma, DLTensor& dx,
+                   DLTensor& dgamma, const CallOptions& opts) {
   const tefl_norm_bwd_attrs attrs = BwdAttrs(opts);
   const DLTensor* in[] = {&dz, &x, &rsigma, &gamma};
   DLTensor* out[] = {&dx, &dgamma};

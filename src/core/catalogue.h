@@ -17,8 +17,8 @@ namespace tefl {
 
 struct ArgSchema {
   const char* name;
-  DTypeSet dtypes;  // allowed dtypes
-  bool optional;    // may be NULL
+  DTypeSet dtypes;    // allowed dtypes
+  bool optional;      // may be NULL
   const char* shape;  // documentation, e.g. "[N..., H]"
 };
 
@@ -27,7 +27,7 @@ enum class AttrType : uint8_t { kF32, kI32, kBool };
 struct AttrSchema {
   const char* name;
   AttrType type;
-  uint32_t offset;        // in the op's attribute struct
+  uint32_t offset;  // in the op's attribute struct
   double default_value;
   double min_value, max_value;  // inclusive; checked on every call
   // Bits of the value that enter the call signature (0: not part of it).

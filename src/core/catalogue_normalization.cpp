@@ -12,15 +12,13 @@ constexpr DTypeSet kF = kFloatTypes;
 constexpr DTypeSet kF32Only = Bit(DType::kF32);
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-constexpr ArgSchema kLnFwdIn[] = {{"x", kF, false, "[N..., H]"},
-                                  {"gamma", kF, false, "[H]"},
-                                  {"beta", kF, false, "[H]"}};
+constexpr ArgSchema kLnFwdIn[] = {
+    {"x", kF, false, "[N..., H]"}, {"gamma", kF, false, "[H]"}, {"beta", kF, false, "[H]"}};
 constexpr ArgSchema kLnFwdOut[] = {{"z", kF, false, "like x"},
                                    {"mu", kF32Only, false, "[N] or x.shape[:-1]"},
                                    {"rsigma", kF32Only, false, "[N] or x.shape[:-1]"}};
 constexpr ArgSchema kRmsFwdIn[] = {{"x", kF, false, "[N..., H]"}, {"gamma", kF, false, "[H]"}};
-constexpr ArgSchema kRmsFwdOut[] = {{"z", kF, false, "like x"},
-                                    {"rsigma", kF32Only, false, "[N] or x.shape[:-1]"}};
+constexpr ArgSchema kRmsFwdOut[] = {{"z", kF, false, "like x"}, {"rsigma", kF32Only, false, "[N] or x.shape[:-1]"}};
 constexpr ArgSchema kLnBwdIn[] = {{"dz", kF, false, "like x"},
                                   {"x", kF, false, "[N..., H]"},
                                   {"mu", kF32Only, false, "[N] or x.shape[:-1]"},
@@ -77,7 +75,8 @@ tefl_status* CheckNorm(const OpSchema& op, const CallArgs& args, const NormLayou
   const DLTensor* x = TensorAt(args, l.x);
   if (x->ndim < 1) return ArgError(op, l.x, "expected rank >= 1 ([N..., H]), got a scalar");
   const int64_t h = x->shape[x->ndim - 1];
-  if (h < 1) return ArgError(op, l.x, fmt::format("expected hidden size (last dim) >= 1, got shape {}", ShapeString(x)));
+  if (h < 1)
+    return ArgError(op, l.x, fmt::format("expected hidden size (last dim) >= 1, got shape {}", ShapeString(x)));
   int64_t rows = 1;
   for (int d = 0; d + 1 < x->ndim; ++d) rows *= x->shape[d];
   for (int k = 0; k < l.n_like_x; ++k) {
@@ -94,8 +93,9 @@ tefl_status* CheckNorm(const OpSchema& op, const CallArgs& args, const NormLayou
       for (int d = 0; d < t->ndim; ++d) ok = ok && t->shape[d] == x->shape[d];
     }
     if (!ok)
-      return ArgError(op, l.stats[k], fmt::format("expected shape [{}] (N = rows of 'x' {}), got {}", rows,
-                                                  ShapeString(x), ShapeString(t)));
+      return ArgError(
+          op, l.stats[k],
+          fmt::format("expected shape [{}] (N = rows of 'x' {}), got {}", rows, ShapeString(x), ShapeString(t)));
   }
   for (int k = 0; k < l.n_cols; ++k) {
     const DLTensor* t = TensorAt(args, l.cols[k]);
@@ -130,20 +130,68 @@ constexpr ShapeCheckFn CheckRmsNormBwdAdd = CheckNormOf<kRmsNormBwdAdd>;
 constexpr uint32_t kNormFlags = kOpNoAlias | kOpContiguous;
 
 const OpSchema kSchemas[] = {
-    {TEFL_OP_LAYERNORM_FWD, "layernorm_fwd", "normalization",
-     "LayerNorm forward: z = (x - mean) * rsigma * g + beta, g = gamma (+1 if zero_centered_gamma)", kLnFwdIn,
-     kLnFwdOut, kFwdAttrs, TEFL_NORM_FWD_ATTRS_STRUCT_SIZE, &kFwdDefaults, kNormFlags, CheckLayerNormFwd, {}},
-    {TEFL_OP_LAYERNORM_BWD, "layernorm_bwd", "normalization", "LayerNorm backward: dx, dgamma, dbeta", kLnBwdIn,
-     kLnBwdOut, kBwdAttrs, TEFL_NORM_BWD_ATTRS_STRUCT_SIZE, &kBwdDefaults, kNormFlags, CheckLayerNormBwd, {}},
-    {TEFL_OP_RMSNORM_FWD, "rmsnorm_fwd", "normalization",
-     "RMSNorm forward: z = x * rsigma * g, rsigma = 1/sqrt(mean(x^2) + eps)", kRmsFwdIn, kRmsFwdOut, kFwdAttrs,
-     TEFL_NORM_FWD_ATTRS_STRUCT_SIZE, &kFwdDefaults, kNormFlags, CheckRmsNormFwd, {}},
-    {TEFL_OP_RMSNORM_BWD, "rmsnorm_bwd", "normalization", "RMSNorm backward: dx, dgamma", kRmsBwdIn, kRmsBwdOut,
-     kBwdAttrs, TEFL_NORM_BWD_ATTRS_STRUCT_SIZE, &kBwdDefaults, kNormFlags, CheckRmsNormBwd, {}},
-    {TEFL_OP_RMSNORM_BWD_ADD, "rmsnorm_bwd_add", "normalization",
-     "RMSNorm backward with a residual gradient added to dx; dx may alias add (in place)", kRmsBwdAddIn,
-     kRmsBwdOut, kBwdAttrs, TEFL_NORM_BWD_ATTRS_STRUCT_SIZE, &kBwdDefaults, kNormFlags, CheckRmsNormBwdAdd, {},
-     /*inplace_output=*/0, /*inplace_input=*/2},
+    {TEFL_OP_LAYERNORM_FWD,
+     "layernorm_fwd",
+     "normalization",
+     "LayerNorm forward: z = (x - mean) * rsigma * g + beta, g = gamma (+1 if zero_centered_gamma)",
+     kLnFwdIn,
+     kLnFwdOut,
+     kFwdAttrs,
+     TEFL_NORM_FWD_ATTRS_STRUCT_SIZE,
+     &kFwdDefaults,
+     kNormFlags,
+     CheckLayerNormFwd,
+     {}},
+    {TEFL_OP_LAYERNORM_BWD,
+     "layernorm_bwd",
+     "normalization",
+     "LayerNorm backward: dx, dgamma, dbeta",
+     kLnBwdIn,
+     kLnBwdOut,
+     kBwdAttrs,
+     TEFL_NORM_BWD_ATTRS_STRUCT_SIZE,
+     &kBwdDefaults,
+     kNormFlags,
+     CheckLayerNormBwd,
+     {}},
+    {TEFL_OP_RMSNORM_FWD,
+     "rmsnorm_fwd",
+     "normalization",
+     "RMSNorm forward: z = x * rsigma * g, rsigma = 1/sqrt(mean(x^2) + eps)",
+     kRmsFwdIn,
+     kRmsFwdOut,
+     kFwdAttrs,
+     TEFL_NORM_FWD_ATTRS_STRUCT_SIZE,
+     &kFwdDefaults,
+     kNormFlags,
+     CheckRmsNormFwd,
+     {}},
+    {TEFL_OP_RMSNORM_BWD,
+     "rmsnorm_bwd",
+     "normalization",
+     "RMSNorm backward: dx, dgamma",
+     kRmsBwdIn,
+     kRmsBwdOut,
+     kBwdAttrs,
+     TEFL_NORM_BWD_ATTRS_STRUCT_SIZE,
+     &kBwdDefaults,
+     kNormFlags,
+     CheckRmsNormBwd,
+     {}},
+    {TEFL_OP_RMSNORM_BWD_ADD,
+     "rmsnorm_bwd_add",
+     "normalization",
+     "RMSNorm backward with a residual gradient added to dx; dx may alias add (in place)",
+     kRmsBwdAddIn,
+     kRmsBwdOut,
+     kBwdAttrs,
+     TEFL_NORM_BWD_ATTRS_STRUCT_SIZE,
+     &kBwdDefaults,
+     kNormFlags,
+     CheckRmsNormBwdAdd,
+     {},
+     /*inplace_output=*/0,
+     /*inplace_input=*/2},
 };
 
 }  // namespace

@@ -52,8 +52,9 @@ tefl_status* CheckRope(const OpSchema& op, const CallArgs& a) {
   const DLTensor* x = TensorAt(a, 0);
   const int rank = thd ? 3 : 4;
   if (x->ndim != rank) {
-    return ArgError(op, 0, fmt::format("expected rank {} for qkv_format {}, got shape {}", rank,
-                                       FormatName(format), ShapeString(x)));
+    return ArgError(
+        op, 0,
+        fmt::format("expected rank {} for qkv_format {}, got shape {}", rank, FormatName(format), ShapeString(x)));
   }
   const int64_t d = x->shape[rank - 1];
   const int64_t batch = thd ? -1 : x->shape[format == TEFL_QKV_SBHD ? 1 : 0];
@@ -64,8 +65,9 @@ tefl_status* CheckRope(const OpSchema& op, const CallArgs& a) {
   }
   const int64_t d2 = freqs->shape[3];
   if (d2 > d || d2 % 2 != 0) {
-    return ArgError(op, 1, fmt::format("expected an even last dim d2 <= d = {} (head dim of {}), got {}", d,
-                                       ArgAt(op, 0).name, d2));
+    return ArgError(
+        op, 1,
+        fmt::format("expected an even last dim d2 <= d = {} (head dim of {}), got {}", d, ArgAt(op, 0).name, d2));
   }
   const DLTensor* start = TensorAt(a, 2);
   const DLTensor* cu = TensorAt(a, 3);
@@ -78,8 +80,9 @@ tefl_status* CheckRope(const OpSchema& op, const CallArgs& a) {
     // Without start offsets every position must have a frequency row.
     const int64_t positions = seq * attrs->cp_size;
     if (start == nullptr && freqs->shape[0] < positions) {
-      return ArgError(op, 1, fmt::format("expected at least {} rows (sequence length {} x cp_size {}), got {}",
-                                         positions, seq, attrs->cp_size, freqs->shape[0]));
+      return ArgError(op, 1,
+                      fmt::format("expected at least {} rows (sequence length {} x cp_size {}), got {}", positions, seq,
+                                  attrs->cp_size, freqs->shape[0]));
     }
   }
   if (start != nullptr) {
@@ -89,8 +92,9 @@ tefl_status* CheckRope(const OpSchema& op, const CallArgs& a) {
   }
   const DLTensor* out = TensorAt(a, 4);
   if (out->ndim != x->ndim || !std::equal(out->shape, out->shape + out->ndim, x->shape)) {
-    return ArgError(op, 4, fmt::format("expected shape {} (that of '{}'), got {}", ShapeString(x), ArgAt(op, 0).name,
-                                       ShapeString(out)));
+    return ArgError(
+        op, 4,
+        fmt::format("expected shape {} (that of '{}'), got {}", ShapeString(x), ArgAt(op, 0).name, ShapeString(out)));
   }
   return nullptr;
 }
@@ -102,8 +106,8 @@ const OpSchema kSchemas[] = {
     {TEFL_OP_FUSED_ROPE_FORWARD, "fused_rope_forward", "rope",
      "Rotary position embedding: out = x cos f + rotate(x) sin f on the first d2 channels, the rest copied", kFwdIn,
      kFwdOut, kAttrs, TEFL_ROPE_ATTRS_STRUCT_SIZE, &kDefaults, kOpNoAlias, CheckRope, kFwdAliases},
-    {TEFL_OP_FUSED_ROPE_BACKWARD, "fused_rope_backward", "rope", "The transpose of fused_rope_forward", kBwdIn,
-     kBwdOut, kAttrs, TEFL_ROPE_ATTRS_STRUCT_SIZE, &kDefaults, kOpNoAlias, CheckRope, kBwdAliases},
+    {TEFL_OP_FUSED_ROPE_BACKWARD, "fused_rope_backward", "rope", "The transpose of fused_rope_forward", kBwdIn, kBwdOut,
+     kAttrs, TEFL_ROPE_ATTRS_STRUCT_SIZE, &kDefaults, kOpNoAlias, CheckRope, kBwdAliases},
 };
 
 }  // namespace

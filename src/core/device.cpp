@@ -34,10 +34,9 @@ tefl_status* RegisterDeviceRuntime(const tefl_device_runtime* runtime) {
   if (const RuntimeRecord* existing = g_runtimes[type].load()) {
     const char* name = runtime->name ? runtime->name : "";
     if (existing->name == name) return nullptr;  // same runtime again: no-op
-    return tefl_status_new(TEFL_ALREADY_EXISTS,
-                           ("device runtime for type " + std::to_string(type) +
-                            " already registered as '" + existing->name + "'")
-                               .c_str());
+    return tefl_status_new(TEFL_ALREADY_EXISTS, ("device runtime for type " + std::to_string(type) +
+                                                 " already registered as '" + existing->name + "'")
+                                                    .c_str());
   }
   auto record = std::make_unique<RuntimeRecord>();
   std::memset(&record->table, 0, sizeof(record->table));
@@ -52,18 +51,30 @@ tefl_status* RegisterDeviceRuntime(const tefl_device_runtime* runtime) {
 const char* DeviceTypeName(int32_t device_type) {
   if (const tefl_device_runtime* rt = DeviceRuntime(device_type); rt && rt->name) return rt->name;
   switch (device_type) {
-    case kDLCPU: return "cpu";
-    case kDLCUDA: return "cuda";
-    case kDLCUDAHost: return "cuda_host";
-    case kDLOpenCL: return "opencl";
-    case kDLVulkan: return "vulkan";
-    case kDLMetal: return "metal";
-    case kDLVPI: return "vpi";
-    case kDLROCM: return "rocm";
-    case kDLROCMHost: return "rocm_host";
-    case kDLExtDev: return "ext_dev";
-    case kDLCUDAManaged: return "cuda_managed";
-    default: return "device";
+    case kDLCPU:
+      return "cpu";
+    case kDLCUDA:
+      return "cuda";
+    case kDLCUDAHost:
+      return "cuda_host";
+    case kDLOpenCL:
+      return "opencl";
+    case kDLVulkan:
+      return "vulkan";
+    case kDLMetal:
+      return "metal";
+    case kDLVPI:
+      return "vpi";
+    case kDLROCM:
+      return "rocm";
+    case kDLROCMHost:
+      return "rocm_host";
+    case kDLExtDev:
+      return "ext_dev";
+    case kDLCUDAManaged:
+      return "cuda_managed";
+    default:
+      return "device";
   }
 }
 

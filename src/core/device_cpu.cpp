@@ -32,8 +32,7 @@ tefl_status* CpuCopy(void*, int32_t, void* dst, const void* src, size_t bytes, v
 tefl_status* CpuSync(void*, int32_t, void*) { return nullptr; }
 
 const tefl_device_runtime kCpuRuntime = {
-    TEFL_DEVICE_RUNTIME_STRUCT_SIZE, kDLCPU, "cpu", nullptr, CpuCount, CpuAlloc, CpuFree,
-    CpuCopy, CpuCopy, CpuSync};
+    TEFL_DEVICE_RUNTIME_STRUCT_SIZE, kDLCPU, "cpu", nullptr, CpuCount, CpuAlloc, CpuFree, CpuCopy, CpuCopy, CpuSync};
 
 }  // namespace
 

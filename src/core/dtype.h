@@ -67,42 +67,72 @@ inline DType DTypeOf(DLDataType t) {
 
 inline DLDataType DLTypeOf(DType t) {
   switch (t) {
-    case DType::kF32: return {kDLFloat, 32, 1};
-    case DType::kF16: return {kDLFloat, 16, 1};
-    case DType::kBF16: return {kDLBfloat, 16, 1};
-    case DType::kF64: return {kDLFloat, 64, 1};
-    case DType::kE4M3: return {TEFL_DL_FLOAT8_E4M3FN, 8, 1};
-    case DType::kE5M2: return {TEFL_DL_FLOAT8_E5M2, 8, 1};
-    case DType::kE8M0: return {TEFL_DL_FLOAT8_E8M0FNU, 8, 1};
-    case DType::kE2M1: return {TEFL_DL_FLOAT4_E2M1FN, 4, 1};
-    case DType::kI8: return {kDLInt, 8, 1};
-    case DType::kU8: return {kDLUInt, 8, 1};
-    case DType::kI16: return {kDLInt, 16, 1};
-    case DType::kI32: return {kDLInt, 32, 1};
-    case DType::kI64: return {kDLInt, 64, 1};
-    case DType::kBool: return {TEFL_DL_BOOL, 8, 1};
-    default: return {0, 0, 0};
+    case DType::kF32:
+      return {kDLFloat, 32, 1};
+    case DType::kF16:
+      return {kDLFloat, 16, 1};
+    case DType::kBF16:
+      return {kDLBfloat, 16, 1};
+    case DType::kF64:
+      return {kDLFloat, 64, 1};
+    case DType::kE4M3:
+      return {TEFL_DL_FLOAT8_E4M3FN, 8, 1};
+    case DType::kE5M2:
+      return {TEFL_DL_FLOAT8_E5M2, 8, 1};
+    case DType::kE8M0:
+      return {TEFL_DL_FLOAT8_E8M0FNU, 8, 1};
+    case DType::kE2M1:
+      return {TEFL_DL_FLOAT4_E2M1FN, 4, 1};
+    case DType::kI8:
+      return {kDLInt, 8, 1};
+    case DType::kU8:
+      return {kDLUInt, 8, 1};
+    case DType::kI16:
+      return {kDLInt, 16, 1};
+    case DType::kI32:
+      return {kDLInt, 32, 1};
+    case DType::kI64:
+      return {kDLInt, 64, 1};
+    case DType::kBool:
+      return {TEFL_DL_BOOL, 8, 1};
+    default:
+      return {0, 0, 0};
   }
 }
 
 // Short names as TE-FL / torch users know them.
 inline const char* DTypeName(DType t) {
   switch (t) {
-    case DType::kF32: return "float32";
-    case DType::kF16: return "float16";
-    case DType::kBF16: return "bfloat16";
-    case DType::kF64: return "float64";
-    case DType::kE4M3: return "float8_e4m3fn";
-    case DType::kE5M2: return "float8_e5m2";
-    case DType::kE8M0: return "float8_e8m0fnu";
-    case DType::kE2M1: return "float4_e2m1fn";
-    case DType::kI8: return "int8";
-    case DType::kU8: return "uint8";
-    case DType::kI16: return "int16";
-    case DType::kI32: return "int32";
-    case DType::kI64: return "int64";
-    case DType::kBool: return "bool";
-    default: return "unknown";
+    case DType::kF32:
+      return "float32";
+    case DType::kF16:
+      return "float16";
+    case DType::kBF16:
+      return "bfloat16";
+    case DType::kF64:
+      return "float64";
+    case DType::kE4M3:
+      return "float8_e4m3fn";
+    case DType::kE5M2:
+      return "float8_e5m2";
+    case DType::kE8M0:
+      return "float8_e8m0fnu";
+    case DType::kE2M1:
+      return "float4_e2m1fn";
+    case DType::kI8:
+      return "int8";
+    case DType::kU8:
+      return "uint8";
+    case DType::kI16:
+      return "int16";
+    case DType::kI32:
+      return "int32";
+    case DType::kI64:
+      return "int64";
+    case DType::kBool:
+      return "bool";
+    default:
+      return "unknown";
   }
 }
 
@@ -148,7 +178,7 @@ inline uint16_t FloatToF16(float f) {
   const uint32_t a = u & 0x7FFFFFFFu;
   if (a > 0x7F800000u) return uint16_t(sign | 0x7E00u | ((a >> 13) & 0x3FFu));
   if (a >= 0x477FF000u) return uint16_t(sign | 0x7C00u);  // rounds to >= 65520 -> inf
-  if (a < 0x38800000u) {                                   // below 2^-14: subnormal or zero
+  if (a < 0x38800000u) {                                  // below 2^-14: subnormal or zero
     // value * 2^24 rounded to nearest even integer gives the subnormal mantissa.
     const float scaled = BitsFloat(a) * 16777216.0f;  // exact (power of two)
     // nearbyint with default rounding mode (to nearest even)
@@ -162,20 +192,34 @@ inline uint16_t FloatToF16(float f) {
 // Element loads/stores for the float dtypes (fp32, fp16, bf16).
 inline float LoadAsFloat(const void* base, int64_t i, DType t) {
   switch (t) {
-    case DType::kF32: return static_cast<const float*>(base)[i];
-    case DType::kF16: return F16ToFloat(static_cast<const uint16_t*>(base)[i]);
-    case DType::kBF16: return BF16ToFloat(static_cast<const uint16_t*>(base)[i]);
-    case DType::kF64: return float(static_cast<const double*>(base)[i]);
-    default: return __builtin_nanf("");
+    case DType::kF32:
+      return static_cast<const float*>(base)[i];
+    case DType::kF16:
+      return F16ToFloat(static_cast<const uint16_t*>(base)[i]);
+    case DType::kBF16:
+      return BF16ToFloat(static_cast<const uint16_t*>(base)[i]);
+    case DType::kF64:
+      return float(static_cast<const double*>(base)[i]);
+    default:
+      return __builtin_nanf("");
   }
 }
 inline void StoreFromFloat(void* base, int64_t i, DType t, float v) {
   switch (t) {
-    case DType::kF32: static_cast<float*>(base)[i] = v; break;
-    case DType::kF16: static_cast<uint16_t*>(base)[i] = FloatToF16(v); break;
-    case DType::kBF16: static_cast<uint16_t*>(base)[i] = FloatToBF16(v); break;
-    case DType::kF64: static_cast<double*>(base)[i] = double(v); break;
-    default: break;
+    case DType::kF32:
+      static_cast<float*>(base)[i] = v;
+      break;
+    case DType::kF16:
+      static_cast<uint16_t*>(base)[i] = FloatToF16(v);
+      break;
+    case DType::kBF16:
+      static_cast<uint16_t*>(base)[i] = FloatToBF16(v);
+      break;
+    case DType::kF64:
+      static_cast<double*>(base)[i] = double(v);
+      break;
+    default:
+      break;
   }
 }
 // Rounds a double once to the dtype (no double rounding through float for
@@ -189,9 +233,7 @@ inline void StoreFromDouble(void* base, int64_t i, DType t, double v) {
 }
 
 // Pointer to element 0 of a tensor (data + byte_offset).
-inline void* DataPtr(const DLTensor* t) {
-  return t ? static_cast<char*>(t->data) + t->byte_offset : nullptr;
-}
+inline void* DataPtr(const DLTensor* t) { return t ? static_cast<char*>(t->data) + t->byte_offset : nullptr; }
 
 inline int64_t NumElements(const DLTensor* t) {
   int64_t n = 1;

@@ -37,8 +37,7 @@ std::vector<std::string> LoadFromEnv() {
   if (const char* v = std::getenv("TEFL_LOG_LEVEL"); v && *v) {
     int level = ParseLogLevel(v);
     if (level < 0) {
-      warn_level = fmt::format(
-          "Ignoring TEFL_LOG_LEVEL='{}': expected DEBUG, INFO, WARNING or ERROR", v);
+      warn_level = fmt::format("Ignoring TEFL_LOG_LEVEL='{}': expected DEBUG, INFO, WARNING or ERROR", v);
     } else {
       g_level.store(level);
     }
@@ -46,8 +45,7 @@ std::vector<std::string> LoadFromEnv() {
   if (const char* v = std::getenv("TE_FL_VERBOSE"); v && *v) {
     int flags = ParseVerbose(v);
     if (flags < 0) {
-      warn_verbose = fmt::format(
-          "Ignoring TE_FL_VERBOSE='{}': expected dispatch, exec, or 0/none", v);
+      warn_verbose = fmt::format("Ignoring TE_FL_VERBOSE='{}': expected dispatch, exec, or 0/none", v);
     } else {
       g_verbose.store(flags);
     }
@@ -108,8 +106,7 @@ void LogLine(int level, const char* file, int line, std::string_view message) {
   if (auto slash = base.find_last_of('/'); slash != std::string_view::npos) {
     base = base.substr(slash + 1);
   }
-  logging_internal::Emit(level,
-                         fmt::format("[TE-FL {}:{} {}] {}", base, line, LevelName(level), message));
+  logging_internal::Emit(level, fmt::format("[TE-FL {}:{} {}] {}", base, line, LevelName(level), message));
 }
 
 void VerboseLine(std::string_view message) {

@@ -60,9 +60,9 @@ int ParseVerbose(std::string_view text);
 
 }  // namespace tefl
 
-#define TEFL_LOG(LEVEL, ...)                                                      \
-  do {                                                                            \
-    if (::tefl::LogEnabled(TEFL_LOG_##LEVEL))                                     \
+#define TEFL_LOG(LEVEL, ...)                                                           \
+  do {                                                                                 \
+    if (::tefl::LogEnabled(TEFL_LOG_##LEVEL))                                          \
       ::tefl::LogLine(TEFL_LOG_##LEVEL, __FILE__, __LINE__, fmt::format(__VA_ARGS__)); \
   } while (0)
 

@@ -109,8 +109,8 @@ struct OpManager::Rep {
   };
   std::unordered_map<FullKey, Resolved, FullKeyHash> resolved;
   std::unordered_map<SigKey, std::vector<const ImplRecord*>, SigKeyHash> demoted;
-  std::set<std::pair<SigKey, const ImplRecord*>, bool (*)(const std::pair<SigKey, const ImplRecord*>&,
-                                                         const std::pair<SigKey, const ImplRecord*>&)>
+  std::set<std::pair<SigKey, const ImplRecord*>,
+           bool (*)(const std::pair<SigKey, const ImplRecord*>&, const std::pair<SigKey, const ImplRecord*>&)>
       fallback_logged{[](const auto& a, const auto& b) {
         if (a.second != b.second) return a.second < b.second;
         return std::lexicographical_compare(a.first.w, a.first.w + 5, b.first.w, b.first.w + 5);
@@ -131,8 +131,8 @@ struct OpManager::Rep {
 
   ResolvedCandidates ResolveCandidates(const OpSchema& op, const tefl_call_frame& frame, const SigKey& key,
                                        const PolicyRecord& policy, int32_t device_type);
-  const Chain* Resolve(const OpSchema& op, const tefl_call_frame& frame, const SigKey& key,
-                       const PolicyRecord& policy, uint64_t epoch, int32_t device_type, const std::string& sig);
+  const Chain* Resolve(const OpSchema& op, const tefl_call_frame& frame, const SigKey& key, const PolicyRecord& policy,
+                       uint64_t epoch, int32_t device_type, const std::string& sig);
   void Demote(const OpSchema& op, const SigKey& key, const ImplRecord* impl, const std::string& why,
               const std::string& sig);
   void NoteFallback(const OpSchema& op, const SigKey& key, const ImplRecord* impl, const std::string& sig,
@@ -286,8 +286,8 @@ void OpManager::Rep::Demote(const OpSchema& op, const SigKey& key, const ImplRec
   }
 }
 
-void OpManager::Rep::NoteFallback(const OpSchema& op, const SigKey& key, const ImplRecord* impl,
-                                  const std::string& sig, const std::string& reasons) {
+void OpManager::Rep::NoteFallback(const OpSchema& op, const SigKey& key, const ImplRecord* impl, const std::string& sig,
+                                  const std::string& reasons) {
   bool first;
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -369,8 +369,16 @@ Status OpManager::Call(int32_t op_id, std::span<const DLTensor* const> inputs, s
   SigKey key;
   if (tefl_status* e = ValidateCallMemo(*op, args, &key, &cache->validation)) return Status::FromC(e);
 
-  const tefl_call_frame frame{TEFL_CALL_FRAME_STRUCT_SIZE, op->name, op->id, args.num_inputs, args.inputs,
-                              args.num_outputs, args.outputs, attrs, stream, tefl_host()};
+  const tefl_call_frame frame{TEFL_CALL_FRAME_STRUCT_SIZE,
+                              op->name,
+                              op->id,
+                              args.num_inputs,
+                              args.inputs,
+                              args.num_outputs,
+                              args.outputs,
+                              attrs,
+                              stream,
+                              tefl_host()};
   const PolicyRecord* policy = EffectivePolicy(ts);
   const uint64_t epoch = g_policy_epoch.load(std::memory_order_acquire);
   CacheEntry& slot = cache->entries[key.Hash() & (kCacheSlots - 1)];
@@ -395,7 +403,8 @@ Status OpManager::Call(int32_t op_id, std::span<const DLTensor* const> inputs, s
     if (st == nullptr) {
       if (exec_verbose) {
         const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-        VerboseLine(fmt::format("exec,{},{},{},{:.4f} ms", op->name, r->impl.impl_id, DescribeCall(*op, args, true), ms));
+        VerboseLine(
+            fmt::format("exec,{},{},{},{:.4f} ms", op->name, r->impl.impl_id, DescribeCall(*op, args, true), ms));
       }
       if (rep_->last_used[size_t(op->id)].load(std::memory_order_relaxed) != r) {
         rep_->last_used[size_t(op->id)].store(r, std::memory_order_relaxed);
@@ -418,12 +427,12 @@ Status OpManager::Call(int32_t op_id, std::span<const DLTensor* const> inputs, s
       continue;
     }
     if (chain->strict) {
-      return Status(code, fmt::format("{}: strict mode (TE_FL_STRICT=1): {} failed: {}", op->name,
-                                      ImplLabel(r->impl), message));
+      return Status(
+          code, fmt::format("{}: strict mode (TE_FL_STRICT=1): {} failed: {}", op->name, ImplLabel(r->impl), message));
     }
     if ((op->flags & kOpInPlace) || (key.w[0] & kSigInPlaceBit)) {
-      return Status(code, fmt::format("{}: {} failed: {} (in-place op: not retried, outputs may be modified)",
-                                      op->name, ImplLabel(r->impl), message));
+      return Status(code, fmt::format("{}: {} failed: {} (in-place op: not retried, outputs may be modified)", op->name,
+                                      ImplLabel(r->impl), message));
     }
     failures += fmt::format("; '{}' failed: {}", r->impl.impl_id, message);
     rep_->Demote(*op, key, r, message, DescribeCall(*op, args, false));
@@ -458,8 +467,16 @@ Resolution OpManager::Explain(int32_t op_id, std::span<const DLTensor* const> in
     return res;
   }
   res.signature = DescribeCall(*op, args, false);
-  const tefl_call_frame frame{TEFL_CALL_FRAME_STRUCT_SIZE, op->name, op->id, args.num_inputs, args.inputs,
-                              args.num_outputs, args.outputs, attrs, nullptr, tefl_host()};
+  const tefl_call_frame frame{TEFL_CALL_FRAME_STRUCT_SIZE,
+                              op->name,
+                              op->id,
+                              args.num_inputs,
+                              args.inputs,
+                              args.num_outputs,
+                              args.outputs,
+                              attrs,
+                              nullptr,
+                              tefl_host()};
   ResolvedCandidates rc = rep_->ResolveCandidates(*op, frame, key, *policy, int32_t((key.w[0] >> 32) & 0xFF));
   res.candidates = std::move(rc.reports);
   for (const ImplRecord* r : rc.chain) res.chain.push_back(r->impl.impl_id);

@@ -15,11 +15,16 @@ namespace tefl {
 // ---- tokens -------------------------------------------------------------------
 std::string PolicyToken::ToString() const {
   switch (type) {
-    case kFlagos: return "flagos";
-    case kVendor: return "vendor";
-    case kReference: return "reference";
-    case kVendorName: return "vendor:" + arg;
-    case kImplId: return "impl:" + arg;
+    case kFlagos:
+      return "flagos";
+    case kVendor:
+      return "vendor";
+    case kReference:
+      return "reference";
+    case kVendorName:
+      return "vendor:" + arg;
+    case kImplId:
+      return "impl:" + arg;
   }
   return "?";
 }
@@ -45,12 +50,16 @@ std::optional<PolicyToken> PolicyToken::Parse(std::string_view text) {
 
 bool MatchToken(const OpImpl& impl, const PolicyToken& token) {
   switch (token.type) {
-    case PolicyToken::kFlagos: return impl.kind == BackendImplKind::DEFAULT;
-    case PolicyToken::kVendor: return impl.kind == BackendImplKind::VENDOR;
-    case PolicyToken::kReference: return impl.kind == BackendImplKind::REFERENCE;
+    case PolicyToken::kFlagos:
+      return impl.kind == BackendImplKind::DEFAULT;
+    case PolicyToken::kVendor:
+      return impl.kind == BackendImplKind::VENDOR;
+    case PolicyToken::kReference:
+      return impl.kind == BackendImplKind::REFERENCE;
     case PolicyToken::kVendorName:
       return impl.kind == BackendImplKind::VENDOR && ToLower(impl.vendor) == token.arg;
-    case PolicyToken::kImplId: return impl.impl_id == token.arg;
+    case PolicyToken::kImplId:
+      return impl.impl_id == token.arg;
   }
   return false;
 }
@@ -99,14 +108,15 @@ Status SelectionPolicy::Make(std::string_view prefer, bool strict,
   SelectionPolicy p;
   auto pref = CanonicalPrefer(prefer);
   if (!pref) {
-    return Status(TEFL_INVALID_ARGUMENT,
-                  "SelectionPolicy: invalid prefer '" + std::string(prefer) + "': expected flagos, vendor or reference");
+    return Status(TEFL_INVALID_ARGUMENT, "SelectionPolicy: invalid prefer '" + std::string(prefer) +
+                                             "': expected flagos, vendor or reference");
   }
   p.prefer_ = *pref;
   p.strict_ = strict;
   for (const auto& [op, tokens] : per_op_order) {
     const OpSchema* schema = FindOp(Trim(op));
-    if (schema == nullptr) return Status(TEFL_INVALID_ARGUMENT, "SelectionPolicy: unknown op '" + op + "' in per_op_order");
+    if (schema == nullptr)
+      return Status(TEFL_INVALID_ARGUMENT, "SelectionPolicy: unknown op '" + op + "' in per_op_order");
     std::vector<PolicyToken> parsed;
     for (const std::string& tok : tokens) {
       auto t = PolicyToken::Parse(tok);
@@ -121,8 +131,8 @@ Status SelectionPolicy::Make(std::string_view prefer, bool strict,
   }
   p.deny_ = LowerSet(deny_vendors);
   if (allow_vendors) p.allow_ = LowerSet(*allow_vendors);
-  p.sources_ = {{"prefer", "code"}, {"strict", "code"}, {"per_op", "code"}, {"deny_vendors", "code"},
-                {"allow_vendors", "code"}};
+  p.sources_ = {
+      {"prefer", "code"}, {"strict", "code"}, {"per_op", "code"}, {"deny_vendors", "code"}, {"allow_vendors", "code"}};
   *out = std::move(p);
   return Status::OK();
 }
@@ -133,7 +143,10 @@ SelectionPolicy SelectionPolicy::FromEnv(std::vector<std::string>* warnings, con
     if (warnings) warnings->push_back(std::move(w));
   };
   SelectionPolicy p;
-  p.sources_ = {{"prefer", "default"}, {"strict", "default"}, {"per_op", "default"}, {"deny_vendors", "default"},
+  p.sources_ = {{"prefer", "default"},
+                {"strict", "default"},
+                {"per_op", "default"},
+                {"deny_vendors", "default"},
                 {"allow_vendors", "default"}};
 
   bool prefer_set = false;
@@ -356,8 +369,6 @@ uint64_t BumpPolicyEpoch() { return g_policy_epoch.fetch_add(1, std::memory_orde
 PolicyContext::PolicyContext(const SelectionPolicy& policy) : previous_(t_thread_state.override_policy) {
   t_thread_state.override_policy = InternPolicy(policy);
 }
-PolicyContext::~PolicyContext() {
-  t_thread_state.override_policy = static_cast<const PolicyRecord*>(previous_);
-}
+PolicyContext::~PolicyContext() { t_thread_state.override_policy = static_cast<const PolicyRecord*>(previous_); }
 
 }  // namespace tefl

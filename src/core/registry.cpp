@@ -13,9 +13,12 @@ namespace tefl {
 
 const char* KindName(BackendImplKind kind) {
   switch (kind) {
-    case BackendImplKind::DEFAULT: return "flagos";
-    case BackendImplKind::VENDOR: return "vendor";
-    case BackendImplKind::REFERENCE: return "reference";
+    case BackendImplKind::DEFAULT:
+      return "flagos";
+    case BackendImplKind::VENDOR:
+      return "vendor";
+    case BackendImplKind::REFERENCE:
+      return "reference";
   }
   return "unknown";
 }
@@ -57,8 +60,7 @@ OpImpl OpImpl::FromDesc(const tefl_impl_desc& desc) {
   impl.kind = BackendImplKind(d.kind);
   impl.vendor = d.vendor ? d.vendor : "";
   impl.priority = d.priority;
-  impl.device_mask = desc.struct_size > offsetof(tefl_impl_desc, device_mask) ? d.device_mask
-                                                                               : TEFL_DEVICE_BIT(kDLCPU);
+  impl.device_mask = desc.struct_size > offsetof(tefl_impl_desc, device_mask) ? d.device_mask : TEFL_DEVICE_BIT(kDLCPU);
   impl.kernel = d.kernel;
   impl.supports = d.supports;
   impl.user_data = d.user_data;
@@ -71,16 +73,18 @@ Status OpRegistry::Rep::CheckLocked(const OpImpl& impl, int32_t* op_id) const {
   if (op == nullptr) return Status(TEFL_NOT_FOUND, "register_impl: unknown op '" + impl.op_name + "'");
   if (impl.impl_id.empty()) return Status(TEFL_INVALID_ARGUMENT, "register_impl(" + impl.op_name + "): empty impl_id");
   if (int(impl.kind) < 0 || int(impl.kind) > 2)
-    return Status(TEFL_INVALID_ARGUMENT, "register_impl(" + impl.impl_id + "): kind must be flagos, vendor or reference");
+    return Status(TEFL_INVALID_ARGUMENT,
+                  "register_impl(" + impl.impl_id + "): kind must be flagos, vendor or reference");
   if (impl.kind == BackendImplKind::VENDOR && impl.vendor.empty())
-    return Status(TEFL_INVALID_ARGUMENT, "register_impl(" + impl.impl_id + "): a vendor implementation needs a vendor name");
+    return Status(TEFL_INVALID_ARGUMENT,
+                  "register_impl(" + impl.impl_id + "): a vendor implementation needs a vendor name");
   if (impl.kernel == nullptr) return Status(TEFL_INVALID_ARGUMENT, "register_impl(" + impl.impl_id + "): no kernel");
   if (impl.device_mask == 0)
     return Status(TEFL_INVALID_ARGUMENT, "register_impl(" + impl.impl_id + "): device_mask names no device type");
   for (const ImplRecord* r : by_op[size_t(op->id)]) {
     if (r->impl.impl_id == impl.impl_id)
-      return Status(TEFL_ALREADY_EXISTS, "register_impl: op '" + std::string(op->name) + "' already has impl_id '" +
-                                              impl.impl_id + "'");
+      return Status(TEFL_ALREADY_EXISTS,
+                    "register_impl: op '" + std::string(op->name) + "' already has impl_id '" + impl.impl_id + "'");
   }
   *op_id = op->id;
   return Status::OK();

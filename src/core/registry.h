@@ -21,7 +21,7 @@ struct ImplRecord {
 struct OpRegistry::Rep {
   mutable std::mutex mu;
   std::array<std::vector<const ImplRecord*>, TEFL_OP_COUNT_> by_op;  // registration order
-  std::vector<std::unique_ptr<ImplRecord>> records;  // every record ever added
+  std::vector<std::unique_ptr<ImplRecord>> records;                  // every record ever added
   bool builtins_registered = false;
 
   // Under mu.

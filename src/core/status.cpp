@@ -25,9 +25,7 @@ tefl_status* tefl_status_new(int32_t code, const char* message) {
 
 int32_t tefl_status_code_of(const tefl_status* status) { return status ? status->code : TEFL_OK; }
 
-const char* tefl_status_message(const tefl_status* status) {
-  return status ? status->message.c_str() : "";
-}
+const char* tefl_status_message(const tefl_status* status) { return status ? status->message.c_str() : ""; }
 
 void tefl_status_free(tefl_status* status) { delete status; }
 
@@ -46,9 +44,7 @@ Status Status::FromC(tefl_status* status) {
   return out;
 }
 
-tefl_status* Status::ToC() const {
-  return ok() ? nullptr : tefl_status_new(state_->code, state_->message.c_str());
-}
+tefl_status* Status::ToC() const { return ok() ? nullptr : tefl_status_new(state_->code, state_->message.c_str()); }
 
 int32_t Status::code() const { return state_ ? state_->code : TEFL_OK; }
 
@@ -59,16 +55,26 @@ const std::string& Status::message() const {
 
 const char* StatusCodeName(int32_t code) {
   switch (code) {
-    case TEFL_OK: return "OK";
-    case TEFL_UNSUPPORTED: return "UNSUPPORTED";
-    case TEFL_INVALID_ARGUMENT: return "INVALID_ARGUMENT";
-    case TEFL_NOT_FOUND: return "NOT_FOUND";
-    case TEFL_ALREADY_EXISTS: return "ALREADY_EXISTS";
-    case TEFL_FAILED_PRECONDITION: return "FAILED_PRECONDITION";
-    case TEFL_RUNTIME_ERROR: return "RUNTIME_ERROR";
-    case TEFL_INTERNAL: return "INTERNAL";
-    case TEFL_ABI_MISMATCH: return "ABI_MISMATCH";
-    default: return "UNKNOWN";
+    case TEFL_OK:
+      return "OK";
+    case TEFL_UNSUPPORTED:
+      return "UNSUPPORTED";
+    case TEFL_INVALID_ARGUMENT:
+      return "INVALID_ARGUMENT";
+    case TEFL_NOT_FOUND:
+      return "NOT_FOUND";
+    case TEFL_ALREADY_EXISTS:
+      return "ALREADY_EXISTS";
+    case TEFL_FAILED_PRECONDITION:
+      return "FAILED_PRECONDITION";
+    case TEFL_RUNTIME_ERROR:
+      return "RUNTIME_ERROR";
+    case TEFL_INTERNAL:
+      return "INTERNAL";
+    case TEFL_ABI_MISMATCH:
+      return "ABI_MISMATCH";
+    default:
+      return "UNKNOWN";
   }
 }
 

@@ -52,8 +52,8 @@ class Pool {
     void* ctx;
     int64_t n, chunk, chunks;
     std::atomic<int64_t> next{0};
-    int64_t finished = 0;     // guarded by mu_
-    int active_workers = 0;   // guarded by mu_
+    int64_t finished = 0;    // guarded by mu_
+    int active_workers = 0;  // guarded by mu_
   };
 
   void Work(Job* job) {

@@ -45,11 +45,11 @@ const void* NormalizeAttrsSlow(const OpSchema& op, const void* attrs, void* buff
   std::memcpy(&given, attrs, sizeof(size_t));
   if (given >= op.attrs_size) return attrs;  // same or newer struct: read our prefix
   if (given < sizeof(size_t)) {
-    *error = tefl_status_new(
-        TEFL_INVALID_ARGUMENT,
-        fmt::format("{}: attrs.struct_size is {}, expected >= {} (set it to sizeof the attrs struct)",
-                    op.name, given, sizeof(size_t))
-            .c_str());
+    *error =
+        tefl_status_new(TEFL_INVALID_ARGUMENT,
+                        fmt::format("{}: attrs.struct_size is {}, expected >= {} (set it to sizeof the attrs struct)",
+                                    op.name, given, sizeof(size_t))
+                            .c_str());
     return nullptr;
   }
   // Older caller: defaults for the fields it does not know.
@@ -64,7 +64,8 @@ namespace {
 
 bool ExactAlias(const DLTensor* a, const DLTensor* b) {
   if (a->data != b->data || a->byte_offset != b->byte_offset || a->ndim != b->ndim) return false;
-  if (a->dtype.code != b->dtype.code || a->dtype.bits != b->dtype.bits || a->dtype.lanes != b->dtype.lanes) return false;
+  if (a->dtype.code != b->dtype.code || a->dtype.bits != b->dtype.bits || a->dtype.lanes != b->dtype.lanes)
+    return false;
   for (int d = 0; d < a->ndim; ++d) {
     if (a->shape[d] != b->shape[d]) return false;
     const int64_t sa = a->strides ? a->strides[d] : -1, sb = b->strides ? b->strides[d] : -1;
@@ -119,14 +120,12 @@ tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key,
   const int nin = int(op.inputs.size());
   const int nout = int(op.outputs.size());
   if (args.num_inputs != nin || args.num_outputs != nout) {
-    return tefl_status_new(TEFL_INVALID_ARGUMENT,
-                           fmt::format("{}: expected {} inputs and {} outputs, got {} and {}", op.name, nin,
-                                       nout, args.num_inputs, args.num_outputs)
-                               .c_str());
+    return tefl_status_new(TEFL_INVALID_ARGUMENT, fmt::format("{}: expected {} inputs and {} outputs, got {} and {}",
+                                                              op.name, nin, nout, args.num_inputs, args.num_outputs)
+                                                      .c_str());
   }
   if ((nin > 0 && args.inputs == nullptr) || (nout > 0 && args.outputs == nullptr)) {
-    return tefl_status_new(TEFL_INVALID_ARGUMENT,
-                           fmt::format("{}: the inputs/outputs array is NULL", op.name).c_str());
+    return tefl_status_new(TEFL_INVALID_ARGUMENT, fmt::format("{}: the inputs/outputs array is NULL", op.name).c_str());
   }
   const int n = nin + nout;
   uint64_t tw[3] = {0, 0, 0};
@@ -152,8 +151,8 @@ tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key,
     }
     const DType dt = DTypeOf(t->dtype);
     if (!((schema.dtypes >> unsigned(dt)) & 1u)) {
-      return ArgError(op, i, fmt::format("expected dtype in {}, got {}", DTypeSetString(schema.dtypes),
-                                         DLTypeString(t->dtype)));
+      return ArgError(
+          op, i, fmt::format("expected dtype in {}, got {}", DTypeSetString(schema.dtypes), DLTypeString(t->dtype)));
     }
     const int ndim = t->ndim;
     if (unsigned(ndim) > 31u) return ArgError(op, i, fmt::format("expected rank 0..31, got {}", ndim));
@@ -190,8 +189,8 @@ tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key,
       const uintptr_t first_byte = reinterpret_cast<uintptr_t>(t->data) + t->byte_offset;
       const unsigned elem_bytes = t->dtype.bits >= 8 ? t->dtype.bits / 8u : 1u;
       if (first_byte & (elem_bytes - 1)) {
-        return ArgError(op, i, fmt::format("data + byte_offset is not aligned to the element size ({} bytes)",
-                                           elem_bytes));
+        return ArgError(op, i,
+                        fmt::format("data + byte_offset is not aligned to the element size ({} bytes)", elem_bytes));
       }
       if (!ByteRange(t, numel, &lo[i], &hi[i]))
         return ArgError(op, i, fmt::format("strides of shape {} address beyond 2^62 bytes", ShapeString(t)));
@@ -204,17 +203,18 @@ tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key,
       first_index = i;
       device_bits = dev;
     } else if (dev != device_bits) {
-      return ArgError(op, i,
-                      fmt::format("expected device {}:{} (that of {}), got {}:{}",
-                                  DeviceTypeName(first->device.device_type), first->device.device_id,
-                                  ArgLabel(op, first_index), DeviceTypeName(t->device.device_type),
-                                  t->device.device_id));
+      return ArgError(
+          op, i,
+          fmt::format("expected device {}:{} (that of {}), got {}:{}", DeviceTypeName(first->device.device_type),
+                      first->device.device_id, ArgLabel(op, first_index), DeviceTypeName(t->device.device_type),
+                      t->device.device_id));
     }
     if (!compact && (op.flags & kOpContiguous)) {
       std::string strides;
       for (int d = 0; d < ndim; ++d) strides += (d ? ", " : "") + std::to_string(t->strides[d]);
-      return ArgError(op, i, fmt::format("expected a contiguous row-major tensor, got shape {} with strides [{}]",
-                                         ShapeString(t), strides));
+      return ArgError(op, i,
+                      fmt::format("expected a contiguous row-major tensor, got shape {} with strides [{}]",
+                                  ShapeString(t), strides));
     }
     const uint64_t code = uint64_t(dt) | uint64_t(ndim) << 4 | uint64_t(compact) << 9 | uint64_t(1) << 10;
     tw[tw_word] |= code << tw_shift;
@@ -239,10 +239,9 @@ tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key,
       iv = x;
     }
     if (!(v >= at.min_value && v <= at.max_value)) {  // also rejects NaN
-      return tefl_status_new(TEFL_INVALID_ARGUMENT,
-                             fmt::format("{}: attribute '{}' must be in [{}, {}], got {}", op.name, at.name,
-                                         at.min_value, at.max_value, v)
-                                 .c_str());
+      return tefl_status_new(TEFL_INVALID_ARGUMENT, fmt::format("{}: attribute '{}' must be in [{}, {}], got {}",
+                                                                op.name, at.name, at.min_value, at.max_value, v)
+                                                        .c_str());
     }
     if (at.signature_bits) {
       attr_bits |= (uint64_t(iv) & ((uint64_t(1) << at.signature_bits) - 1)) << shift;
@@ -264,8 +263,8 @@ tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key,
           in_place = true;
           continue;
         }
-        return ArgError(op, o, fmt::format("overlaps {} in memory; {} does not work in place", ArgLabel(op, i),
-                                           op.name));
+        return ArgError(op, o,
+                        fmt::format("overlaps {} in memory; {} does not work in place", ArgLabel(op, i), op.name));
       }
     }
   }
@@ -281,7 +280,6 @@ tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key,
 
 namespace {
 
-
 void MemoStore(const OpSchema& op, const CallArgs& args, const SigKey& key, const ByteRanges& ranges,
                ValidationMemo::Entry* e) {
   const int n = args.num_inputs + args.num_outputs;
@@ -292,7 +290,7 @@ void MemoStore(const OpSchema& op, const CallArgs& args, const SigKey& key, cons
     if (t != nullptr) dims_used += t->ndim * (t->strides ? 2 : 1);
   }
   if (dims_used > ValidationMemo::kMaxDims) return;  // too big to remember: validate every time
-  e->op_id = -1;  // invalid while being written
+  e->op_id = -1;                                     // invalid while being written
   dims_used = 0;
   for (int i = 0; i < n; ++i) {
     const DLTensor* t = TensorAt(args, i);
@@ -331,9 +329,8 @@ tefl_status* ValidateCallMemo(const OpSchema& op, const CallArgs& args, SigKey* 
   const int nin = int(op.inputs.size());
   const int n = nin + int(op.outputs.size());
   ValidationMemo::Entry& e = memo->entries[size_t(op.id) % ValidationMemo::kSlots];
-  bool hit = e.op_id == op.id && args.num_inputs == nin && args.num_outputs == n - nin &&
-             args.inputs != nullptr && args.outputs != nullptr &&
-             (op.attrs_size == 0 || std::memcmp(e.attrs, args.attrs, op.attrs_size) == 0);
+  bool hit = e.op_id == op.id && args.num_inputs == nin && args.num_outputs == n - nin && args.inputs != nullptr &&
+             args.outputs != nullptr && (op.attrs_size == 0 || std::memcmp(e.attrs, args.attrs, op.attrs_size) == 0);
   ByteRanges ranges;
   for (int i = 0; hit && i < n; ++i) {
     const DLTensor* t = i < nin ? args.inputs[i] : args.outputs[i - nin];

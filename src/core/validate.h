@@ -65,8 +65,8 @@ tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key,
 // failure, and every miss, goes through ValidateCall, whose errors are the
 // only ones reported. Not thread-safe: one per thread.
 struct ValidationMemo {
-  static constexpr int kSlots = 16;     // direct-mapped by op id
-  static constexpr int kMaxDims = 48;   // shape + stride values per entry
+  static constexpr int kSlots = 16;    // direct-mapped by op id
+  static constexpr int kMaxDims = 48;  // shape + stride values per entry
   static constexpr size_t kMaxAttrBytes = 64;
   struct Tensor {
     uint64_t device;      // DLDevice as one word

@@ -30,9 +30,7 @@ void RowsCols(const DLTensor* x, int64_t* rows, int64_t* cols) {
   for (int d = 0; d + 1 < x->ndim; ++d) *rows *= x->shape[d];
 }
 
-double Weight(const Matrix& gamma, int64_t j, bool zero_centered) {
-  return gamma.at(j) + (zero_centered ? 1.0 : 0.0);
-}
+double Weight(const Matrix& gamma, int64_t j, bool zero_centered) { return gamma.at(j) + (zero_centered ? 1.0 : 0.0); }
 
 // ---- forward ---------------------------------------------------------------
 // in (x, gamma[, beta]) -> out (z[, mu], rsigma). `layernorm` selects the
@@ -127,24 +125,24 @@ tefl_status* RmsNormFwd(const tefl_call_frame* f, void*) { return NormForward(f,
 tefl_status* LayerNormBwd(const tefl_call_frame* f, void*) {
   // in: dz, x, mu, rsigma, gamma; out: dx, dgamma, dbeta
   const Matrix none{nullptr, DType::kF32};
-  return NormBackward(f, {View(f->inputs[0]), View(f->inputs[1]), View(f->inputs[2]), View(f->inputs[3]),
-                          View(f->inputs[4]), none, View(f->outputs[0]), View(f->outputs[1]), View(f->outputs[2]),
-                          true, false, ZeroCentered(f)});
+  return NormBackward(
+      f, {View(f->inputs[0]), View(f->inputs[1]), View(f->inputs[2]), View(f->inputs[3]), View(f->inputs[4]), none,
+          View(f->outputs[0]), View(f->outputs[1]), View(f->outputs[2]), true, false, ZeroCentered(f)});
 }
 
 tefl_status* RmsNormBwd(const tefl_call_frame* f, void*) {
   // in: dz, x, rsigma, gamma; out: dx, dgamma
   const Matrix none{nullptr, DType::kF32};
-  return NormBackward(f, {View(f->inputs[0]), View(f->inputs[1]), none, View(f->inputs[2]), View(f->inputs[3]),
-                          none, View(f->outputs[0]), View(f->outputs[1]), none, false, false, ZeroCentered(f)});
+  return NormBackward(f, {View(f->inputs[0]), View(f->inputs[1]), none, View(f->inputs[2]), View(f->inputs[3]), none,
+                          View(f->outputs[0]), View(f->outputs[1]), none, false, false, ZeroCentered(f)});
 }
 
 tefl_status* RmsNormBwdAdd(const tefl_call_frame* f, void*) {
   // in: dz, x, add, rsigma, gamma; out: dx, dgamma
   const Matrix none{nullptr, DType::kF32};
-  return NormBackward(f, {View(f->inputs[0]), View(f->inputs[1]), none, View(f->inputs[3]), View(f->inputs[4]),
-                          View(f->inputs[2]), View(f->outputs[0]), View(f->outputs[1]), none, false, true,
-                          ZeroCentered(f)});
+  return NormBackward(
+      f, {View(f->inputs[0]), View(f->inputs[1]), none, View(f->inputs[3]), View(f->inputs[4]), View(f->inputs[2]),
+          View(f->outputs[0]), View(f->outputs[1]), none, false, true, ZeroCentered(f)});
 }
 
 }  // namespace
@@ -155,12 +153,20 @@ tefl_status* RegisterReferenceNormalization(const tefl_registrar& registrar) {
     tefl_kernel_fn kernel;
   };
   static constexpr Entry kEntries[] = {
-      {"layernorm_fwd", LayerNormFwd}, {"layernorm_bwd", LayerNormBwd},     {"rmsnorm_fwd", RmsNormFwd},
+      {"layernorm_fwd", LayerNormFwd}, {"layernorm_bwd", LayerNormBwd},    {"rmsnorm_fwd", RmsNormFwd},
       {"rmsnorm_bwd", RmsNormBwd},     {"rmsnorm_bwd_add", RmsNormBwdAdd},
   };
   for (const Entry& e : kEntries) {
-    const tefl_impl_desc desc = {TEFL_IMPL_DESC_STRUCT_SIZE, e.op, "reference.cpp", TEFL_KIND_REFERENCE, 0, nullptr,
-                                 TEFL_DEVICE_BIT(kDLCPU), e.kernel, nullptr, nullptr};
+    const tefl_impl_desc desc = {TEFL_IMPL_DESC_STRUCT_SIZE,
+                                 e.op,
+                                 "reference.cpp",
+                                 TEFL_KIND_REFERENCE,
+                                 0,
+                                 nullptr,
+                                 TEFL_DEVICE_BIT(kDLCPU),
+                                 e.kernel,
+                                 nullptr,
+                                 nullptr};
     if (tefl_status* s = registrar.register_impl(registrar.ctx, &desc)) return s;
   }
   return nullptr;
