@@ -9,6 +9,7 @@
 #include "core/catalogue.h"
 #include "core/validate.h"
 #include "tefl/tefl.hpp"
+#include "tiny_call.h"
 
 namespace {
 
@@ -18,19 +19,6 @@ tefl_status* NoopKernel(const tefl_call_frame* f, void*) {
   asm volatile("" : : "r"(f) : "memory");
   return nullptr;
 }
-
-struct TinyCall {
-  std::vector<float> x = std::vector<float>(8, 0.5f), g = std::vector<float>(8, 1.0f), z = std::vector<float>(8),
-                     rs = std::vector<float>(1);
-  int64_t xs[2] = {1, 8}, gs[1] = {8}, rss[1] = {1};
-  DLTensor tx{x.data(), {kDLCPU, 0}, 2, {kDLFloat, 32, 1}, xs, nullptr, 0};
-  DLTensor tg{g.data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, gs, nullptr, 0};
-  DLTensor tz{z.data(), {kDLCPU, 0}, 2, {kDLFloat, 32, 1}, xs, nullptr, 0};
-  DLTensor trs{rs.data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, rss, nullptr, 0};
-  const DLTensor* in[2] = {&tx, &tg};
-  DLTensor* out[2] = {&tz, &trs};
-  tefl_norm_fwd_attrs attrs{TEFL_NORM_FWD_ATTRS_STRUCT_SIZE, 1e-5f, 0, 0};
-};
 
 __attribute__((noinline)) int LoopValidate(TinyCall& c) {
   const tefl::OpSchema& op = *tefl::FindOp(TEFL_OP_RMSNORM_FWD);
@@ -60,18 +48,8 @@ __attribute__((noinline)) int LoopManagerCall(TinyCall& c, tefl::OpManager& m) {
 }
 
 __attribute__((noinline)) int LoopKernelDirect(TinyCall& c) {
-  tefl_call_frame frame{TEFL_CALL_FRAME_STRUCT_SIZE,
-                        "rmsnorm_fwd",
-                        TEFL_OP_RMSNORM_FWD,
-                        2,
-                        c.in,
-                        2,
-                        c.out,
-                        &c.attrs,
-                        nullptr,
-                        tefl_host()};
   int errors = 0;
-  for (int i = 0; i < kCalls; ++i) errors += NoopKernel(&frame, nullptr) != nullptr;
+  for (int i = 0; i < kCalls; ++i) errors += NoopKernel(&c.frame, nullptr) != nullptr;
   return errors;
 }
 

@@ -98,6 +98,8 @@ TEST(Registry, ManagerAddsBuiltinsOnceAndKeepsUserIds) {
   auto impls = r.GetImplementations("rmsnorm_fwd");
   ASSERT_EQ(impls.size(), 2u);  // the user's default.portable + reference.cpp
   EXPECT_EQ(impls[0].origin, "user");
+  EXPECT_EQ(impls[1].impl_id, "reference.cpp");
+  EXPECT_EQ(impls[1].origin, "builtin");
   EXPECT_EQ(r.GetImplementations("layernorm_fwd").size(), 2u);
 }
 

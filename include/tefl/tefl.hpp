@@ -80,7 +80,8 @@ struct OpImpl {
   // Wraps a C++ callable as an implementation.
   static OpImpl FromFunction(std::string op_name, std::string impl_id, BackendImplKind kind, std::string vendor,
                              int32_t priority, KernelFunction fn);
-  static OpImpl FromDesc(const tefl_impl_desc& desc);
+  // Copies a C descriptor (fields beyond its struct_size take defaults).
+  static OpImpl FromDesc(const tefl_impl_desc& desc, std::string origin = "c-api");
 };
 
 // ---- Selection policy -------------------------------------------------------

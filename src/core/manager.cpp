@@ -9,8 +9,8 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
-#include <set>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "backends/backends.h"
 #include "core/catalogue.h"
@@ -65,6 +65,23 @@ __attribute__((noinline)) DispatchCache* NewThreadCache(ThreadState& ts) {
 
 inline DispatchCache* ThreadCache(ThreadState& ts) { return ts.cache ? ts.cache : NewThreadCache(ts); }
 
+// The frame every kernel of this call receives.
+tefl_call_frame MakeFrame(const OpSchema& op, const CallArgs& args, void* stream) {
+  return tefl_call_frame{TEFL_CALL_FRAME_STRUCT_SIZE,
+                         op.name,
+                         op.id,
+                         args.num_inputs,
+                         args.inputs,
+                         args.num_outputs,
+                         args.outputs,
+                         args.attrs,
+                         stream,
+                         tefl_host()};
+}
+
+// The DLPack device type recorded in a signature.
+int32_t DeviceTypeOf(const SigKey& key) { return int32_t((key.w[0] >> 32) & 0xFF); }
+
 std::string ImplLabel(const OpImpl& impl) {
   return fmt::format("'{}' (kind={}, vendor={})", impl.impl_id, KindName(impl.kind),
                      impl.vendor.empty() ? "None" : impl.vendor);
@@ -109,12 +126,13 @@ struct OpManager::Rep {
   };
   std::unordered_map<FullKey, Resolved, FullKeyHash> resolved;
   std::unordered_map<SigKey, std::vector<const ImplRecord*>, SigKeyHash> demoted;
-  std::set<std::pair<SigKey, const ImplRecord*>,
-           bool (*)(const std::pair<SigKey, const ImplRecord*>&, const std::pair<SigKey, const ImplRecord*>&)>
-      fallback_logged{[](const auto& a, const auto& b) {
-        if (a.second != b.second) return a.second < b.second;
-        return std::lexicographical_compare(a.first.w, a.first.w + 5, b.first.w, b.first.w + 5);
-      }};
+  struct SigImplHash {
+    size_t operator()(const std::pair<SigKey, const ImplRecord*>& k) const {
+      return size_t(k.first.Hash() ^ (reinterpret_cast<uintptr_t>(k.second) * 0x9E3779B97F4A7C15ull));
+    }
+  };
+  // (signature, implementation) pairs whose fallback was already logged at INFO.
+  std::unordered_set<std::pair<SigKey, const ImplRecord*>, SigImplHash> fallback_logged;
 
   // Last implementation that ran each op (announced at INFO when it changes).
   std::array<std::atomic<const ImplRecord*>, TEFL_OP_COUNT_> last_used{};
@@ -317,7 +335,7 @@ namespace {
 // registered an implementation with a built-in's id on purpose).
 tefl_status* RegisterKeepingExisting(void* ctx, const tefl_impl_desc* desc) {
   OpRegistry* registry = static_cast<OpRegistry*>(ctx);
-  Status s = registry->RegisterImpl(OpImpl::FromDesc(*desc));
+  Status s = registry->RegisterImpl(OpImpl::FromDesc(*desc, "builtin"));
   if (s.code() == TEFL_ALREADY_EXISTS) return nullptr;
   return s.ToC();
 }
@@ -369,16 +387,7 @@ Status OpManager::Call(int32_t op_id, std::span<const DLTensor* const> inputs, s
   SigKey key;
   if (tefl_status* e = ValidateCallMemo(*op, args, &key, &cache->validation)) return Status::FromC(e);
 
-  const tefl_call_frame frame{TEFL_CALL_FRAME_STRUCT_SIZE,
-                              op->name,
-                              op->id,
-                              args.num_inputs,
-                              args.inputs,
-                              args.num_outputs,
-                              args.outputs,
-                              attrs,
-                              stream,
-                              tefl_host()};
+  const tefl_call_frame frame = MakeFrame(*op, args, stream);
   const PolicyRecord* policy = EffectivePolicy(ts);
   const uint64_t epoch = g_policy_epoch.load(std::memory_order_acquire);
   CacheEntry& slot = cache->entries[key.Hash() & (kCacheSlots - 1)];
@@ -387,7 +396,7 @@ Status OpManager::Call(int32_t op_id, std::span<const DLTensor* const> inputs, s
       slot.policy_id == policy->id) {
     chain = slot.chain;
   } else {
-    const int32_t device_type = int32_t((key.w[0] >> 32) & 0xFF);
+    const int32_t device_type = DeviceTypeOf(key);
     chain = rep_->Resolve(*op, frame, key, *policy, epoch, device_type, DescribeCall(*op, args, false));
     slot = CacheEntry{key, rep_->serial, epoch, policy->id, chain};
   }
@@ -467,17 +476,8 @@ Resolution OpManager::Explain(int32_t op_id, std::span<const DLTensor* const> in
     return res;
   }
   res.signature = DescribeCall(*op, args, false);
-  const tefl_call_frame frame{TEFL_CALL_FRAME_STRUCT_SIZE,
-                              op->name,
-                              op->id,
-                              args.num_inputs,
-                              args.inputs,
-                              args.num_outputs,
-                              args.outputs,
-                              attrs,
-                              nullptr,
-                              tefl_host()};
-  ResolvedCandidates rc = rep_->ResolveCandidates(*op, frame, key, *policy, int32_t((key.w[0] >> 32) & 0xFF));
+  const tefl_call_frame frame = MakeFrame(*op, args, nullptr);
+  ResolvedCandidates rc = rep_->ResolveCandidates(*op, frame, key, *policy, DeviceTypeOf(key));
   res.candidates = std::move(rc.reports);
   for (const ImplRecord* r : rc.chain) res.chain.push_back(r->impl.impl_id);
   res.error = rc.error;

@@ -50,7 +50,7 @@ OpImpl OpImpl::FromFunction(std::string op_name, std::string impl_id, BackendImp
   return impl;
 }
 
-OpImpl OpImpl::FromDesc(const tefl_impl_desc& desc) {
+OpImpl OpImpl::FromDesc(const tefl_impl_desc& desc, std::string origin) {
   // Fields beyond a smaller struct_size keep their defaults.
   tefl_impl_desc d = {};
   std::memcpy(&d, &desc, std::min<size_t>(desc.struct_size, TEFL_IMPL_DESC_STRUCT_SIZE));
@@ -64,7 +64,7 @@ OpImpl OpImpl::FromDesc(const tefl_impl_desc& desc) {
   impl.kernel = d.kernel;
   impl.supports = d.supports;
   impl.user_data = d.user_data;
-  impl.origin = "builtin";
+  impl.origin = std::move(origin);
   return impl;
 }
 

@@ -10,16 +10,21 @@ struct tefl_status {
 
 extern "C" {
 
+namespace {
+// Returned when allocating an error status fails: never freed, so an error
+// never turns into success (NULL) for lack of memory.
+tefl_status* OutOfMemoryStatus() {
+  static tefl_status* status = new tefl_status{TEFL_RUNTIME_ERROR, "out of memory while reporting an error"};
+  return status;
+}
+}  // namespace
+
 tefl_status* tefl_status_new(int32_t code, const char* message) {
   if (code == TEFL_OK) return nullptr;
   try {
     return new tefl_status{code, message ? message : ""};
   } catch (...) {
-    // Out of memory while reporting an error: a static status would be
-    // freed by the receiver, so report the code without a message.
-    static thread_local tefl_status* fallback = nullptr;
-    (void)fallback;
-    return nullptr;
+    return OutOfMemoryStatus();
   }
 }
 
@@ -27,7 +32,9 @@ int32_t tefl_status_code_of(const tefl_status* status) { return status ? status-
 
 const char* tefl_status_message(const tefl_status* status) { return status ? status->message.c_str() : ""; }
 
-void tefl_status_free(tefl_status* status) { delete status; }
+void tefl_status_free(tefl_status* status) {
+  if (status != OutOfMemoryStatus()) delete status;
+}
 
 }  // extern "C"
 
@@ -39,7 +46,7 @@ Status::Status(int32_t code, std::string message) {
 
 Status Status::FromC(tefl_status* status) {
   if (status == nullptr) return Status();
-  Status out(status->code, std::move(status->message));
+  Status out(status->code, status->message);
   tefl_status_free(status);
   return out;
 }
