@@ -229,26 +229,26 @@ TEFL_STATIC_ASSERT(offsetof(tefl_registrar, register_device_runtime) == 24, "app
 
 /* ---- Plugin entry points ----------------------------------------------
  * A plugin shared library exports both symbols:
- *   const tefl_plugin_info* tefl_plugin_info(void);
+ *   const tefl_plugin_metadata* tefl_plugin_info(void);
  *   tefl_status* tefl_plugin_register(const tefl_host_services*,
  *                                     const tefl_registrar*);
  * Registration is transactional: if the register function returns an error
  * (or any registration it made fails) nothing of the plugin remains. */
-typedef struct tefl_plugin_info {
+typedef struct tefl_plugin_metadata {
   size_t struct_size;
   const char* name;
   const char* version;
   const char* vendor;
   uint32_t abi_major; /* TEFL_ABI_MAJOR the plugin was built against */
   uint32_t abi_minor; /* TEFL_ABI_MINOR the plugin was built against */
-} tefl_plugin_info;
-TEFL_STATIC_ASSERT(offsetof(tefl_plugin_info, name) == 8, "append-only");
-TEFL_STATIC_ASSERT(offsetof(tefl_plugin_info, abi_major) == 32, "append-only");
-#define TEFL_PLUGIN_INFO_STRUCT_SIZE TEFL_STRUCT_SIZE(tefl_plugin_info, abi_minor)
+} tefl_plugin_metadata;
+TEFL_STATIC_ASSERT(offsetof(tefl_plugin_metadata, name) == 8, "append-only");
+TEFL_STATIC_ASSERT(offsetof(tefl_plugin_metadata, abi_major) == 32, "append-only");
+#define TEFL_PLUGIN_METADATA_STRUCT_SIZE TEFL_STRUCT_SIZE(tefl_plugin_metadata, abi_minor)
 
 #define TEFL_PLUGIN_INFO_SYMBOL "tefl_plugin_info"
 #define TEFL_PLUGIN_REGISTER_SYMBOL "tefl_plugin_register"
-typedef const tefl_plugin_info* (*tefl_plugin_info_fn)(void);
+typedef const tefl_plugin_metadata* (*tefl_plugin_info_fn)(void);
 typedef tefl_status* (*tefl_plugin_register_fn)(const tefl_host_services* host, const tefl_registrar* registrar);
 
 /* ---- Calling ops from C ---------------------------------------------------

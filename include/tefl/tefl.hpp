@@ -192,6 +192,8 @@ class OpRegistry {
   // Sorted unique impl ids over all ops.
   std::vector<std::string> ImplIds() const;
   void Clear();
+  // Whether RegisterImpl(impl) would succeed now (nothing is registered).
+  Status CheckImpl(const OpImpl& impl) const;
   // A registrar writing into this registry (ctx = this registry). Each
   // register_impl call commits on its own.
   tefl_registrar Registrar();
@@ -257,6 +259,34 @@ class OpManager {
  private:
   std::unique_ptr<Rep> rep_;
 };
+
+// ---- Plugins ----------------------------------------------------------------
+// What happened to one plugin the process tried to load.
+struct PluginReport {
+  std::string requested;              // as named (TE_FL_PLUGIN_MODULES entry, argument, or discovered file)
+  std::string path;                   // the file it resolved to ("" if none)
+  std::string name, version, vendor;  // from its tefl_plugin_info
+  uint32_t abi_major = 0, abi_minor = 0;
+  int32_t implementations = 0;  // registered by this load
+  bool loaded = false;          // its registrations are in the registry
+  bool already_loaded = false;  // the same file was loaded into this registry before: nothing done
+  std::string error;            // why it was rejected
+};
+// Loads one plugin into `registry`: an absolute path, or a name looked up in
+// TE_FL_PLUGIN_PATH then the installed plugin directory (files
+// libtefl_plugin_NAME.so, libNAME.so, NAME.so). Never the working directory
+// or the system search path. A file or directory writable by group or others
+// is refused; a different ABI major (or a newer minor) is refused; the
+// plugin's registrations are committed only if all of them and its register
+// function succeed. Loading the same file again is a no-op. Logs one line.
+Status LoadPlugin(std::string_view name_or_path, OpRegistry& registry);
+// TE_FL_PLUGIN_MODULES, then every *.so in the installed plugin directory.
+// OpManager::EnsureInitialized calls it once per registry.
+void LoadConfiguredPlugins(OpRegistry& registry);
+// Every plugin this process tried, in order.
+std::vector<PluginReport> PluginReports();
+// Where installed plugins are discovered ("" if the build set none).
+std::string InstalledPluginDir();
 
 // The process's default registry and manager (created on first use).
 OpRegistry& GetDefaultRegistry();

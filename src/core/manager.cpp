@@ -345,11 +345,13 @@ void OpManager::EnsureInitialized() {
   std::call_once(rep_->init_once, [this] {
     RegisterCpuRuntime();
     OpRegistry* registry = rep_->registry;
-    bool need_builtins;
+    bool need_builtins, need_plugins;
     {
       std::lock_guard<std::mutex> lock(registry->rep()->mu);
       need_builtins = !registry->rep()->builtins_registered;
+      need_plugins = !registry->rep()->plugins_loaded;
       registry->rep()->builtins_registered = true;
+      registry->rep()->plugins_loaded = true;
     }
     if (need_builtins) {
       tefl_registrar r = registry->Registrar();
@@ -357,6 +359,7 @@ void OpManager::EnsureInitialized() {
       Status s = Status::FromC(backends::RegisterBuiltinBackends(r));
       if (!s.ok()) TEFL_LOG(ERROR, "Registering the built-in backends failed: {}", s.ToString());
     }
+    if (need_plugins) LoadConfiguredPlugins(*registry);
     std::string ids;
     for (const std::string& id : registry->ImplIds()) ids += (ids.empty() ? "'" : ", '") + id + "'";
     TEFL_LOG(INFO, "Registered impl_ids: [{}]", ids);

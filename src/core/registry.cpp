@@ -105,6 +105,12 @@ std::vector<const ImplRecord*> OpRegistry::Rep::ImplsOf(int32_t op_id) const {
 OpRegistry::OpRegistry() : rep_(std::make_unique<Rep>()) {}
 OpRegistry::~OpRegistry() = default;
 
+Status OpRegistry::CheckImpl(const OpImpl& impl) const {
+  std::lock_guard<std::mutex> lock(rep_->mu);
+  int32_t op_id;
+  return rep_->CheckLocked(impl, &op_id);
+}
+
 Status OpRegistry::RegisterImpl(const OpImpl& impl) {
   {
     std::lock_guard<std::mutex> lock(rep_->mu);

@@ -23,6 +23,7 @@ struct OpRegistry::Rep {
   std::array<std::vector<const ImplRecord*>, TEFL_OP_COUNT_> by_op;  // registration order
   std::vector<std::unique_ptr<ImplRecord>> records;                  // every record ever added
   bool builtins_registered = false;
+  bool plugins_loaded = false;  // LoadConfiguredPlugins ran for this registry
 
   // Under mu.
   Status CheckLocked(const OpImpl& impl, int32_t* op_id) const;

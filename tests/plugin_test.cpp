@@ -1,0 +1,191 @@
+// The plugin loader: a good plugin loads, routes and matches the reference;
+// every broken plugin is rejected whole with one WARNING and the registry
+// exactly as before; unsafe files and paths are refused; names resolve in
+// TE_FL_PLUGIN_PATH; TE_FL_PLUGIN_MODULES loads at initialisation.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "test_support.h"
+
+namespace tefl {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::LogCapture;
+using testing::Tensor;
+
+std::string PluginPath(const std::string& name) {
+  return std::string(TEFL_TEST_PLUGIN_DIR) + "/libtefl_plugin_" + name + ".so";
+}
+
+std::vector<std::string> Ids(const OpRegistry& r) {
+  std::vector<std::string> ids;
+  for (const OpImpl& i : r.Snapshot()) ids.push_back(i.op_name + "/" + i.impl_id);
+  return ids;
+}
+
+// A private directory (mode 0700) holding a copy of a plugin file.
+struct TempPluginDir {
+  fs::path dir;
+  TempPluginDir() {
+    char tmpl[] = "/tmp/tefl-plugin-test-XXXXXX";
+    dir = ::mkdtemp(tmpl);
+  }
+  ~TempPluginDir() { fs::remove_all(dir); }
+  std::string Copy(const std::string& from, const std::string& file_name) {
+    const fs::path to = dir / file_name;
+    fs::copy_file(from, to, fs::copy_options::overwrite_existing);
+    ::chmod(to.c_str(), 0644);
+    return to.string();
+  }
+};
+
+class PluginTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ResetGlobalPolicy();
+    manager_.EnsureInitialized();  // built-ins in; no plugin configured
+  }
+  void TearDown() override {
+    unsetenv("TE_FL_PLUGIN_PATH");
+    unsetenv("TE_FL_PLUGIN_MODULES");
+    ResetGlobalPolicy();
+  }
+  // Loads `path` expecting a rejection that mentions `reason`: one WARNING,
+  // nothing registered.
+  void ExpectRejected(const std::string& path, const std::string& reason) {
+    const auto before = Ids(registry_);
+    LogCapture logs(TEFL_LOG_DEBUG);
+    Status s = LoadPlugin(path, registry_);
+    EXPECT_EQ(s.code(), TEFL_FAILED_PRECONDITION);
+    EXPECT_NE(s.message().find(reason), std::string::npos) << s.message();
+    EXPECT_EQ(Ids(registry_), before) << "the registry changed";
+    EXPECT_EQ(logs.Count("WARNING]"), 1) << ::testing::PrintToString(logs.Lines());
+    EXPECT_EQ(logs.Count("nothing of it was registered"), 1);
+    ASSERT_FALSE(PluginReports().empty());
+    EXPECT_FALSE(PluginReports().back().loaded);
+    EXPECT_NE(PluginReports().back().error.find(reason), std::string::npos);
+  }
+
+  OpRegistry registry_;
+  OpManager manager_{&registry_};
+};
+
+TEST_F(PluginTest, GoodPluginLoadsRoutesAndMatchesTheReference) {
+  LogCapture logs(TEFL_LOG_INFO);
+  ASSERT_TRUE(LoadPlugin(PluginPath("testgood"), registry_).ok());
+  EXPECT_EQ(logs.Count("INFO] Loaded plugin 'testgood' 0.1.0 (vendor testvendor, ABI 1.0) from"), 1)
+      << ::testing::PrintToString(logs.Lines());
+  const PluginReport r = PluginReports().back();
+  EXPECT_TRUE(r.loaded);
+  EXPECT_EQ(r.name, "testgood");
+  EXPECT_EQ(r.version, "0.1.0");
+  EXPECT_EQ(r.vendor, "testvendor");
+  EXPECT_EQ(r.abi_major, uint32_t(TEFL_ABI_MAJOR));
+  EXPECT_EQ(r.implementations, 1);
+  auto impl = registry_.GetImplementation("rmsnorm_fwd", "vendor.testgood");
+  ASSERT_TRUE(impl.has_value());
+  EXPECT_EQ(impl->origin, PluginPath("testgood"));
+
+  Tensor x(DType::kF32, {5, 40}), g(DType::kF32, {40}), z(DType::kF32, {5, 40}), rs(DType::kF32, {5});
+  x.Uniform("x");
+  g.Uniform("g");
+  Tensor z_ref = z, rs_ref = rs;
+  {
+    PolicyContext vendor(GetPolicy().WithPrefer("vendor"));
+    ASSERT_TRUE(testing::CallOp(manager_, "rmsnorm_fwd", {&x, &g}, {&z, &rs}).ok());
+    EXPECT_EQ(manager_.GetSelectedImplId("rmsnorm_fwd"), "vendor.testgood");
+    // Its supports() declines bf16: another implementation serves.
+    Tensor xb(DType::kBF16, {5, 40}), zb(DType::kBF16, {5, 40});
+    ASSERT_TRUE(testing::CallOp(manager_, "rmsnorm_fwd", {&xb, &g}, {&zb, &rs}).ok());
+    EXPECT_NE(manager_.GetSelectedImplId("rmsnorm_fwd"), "vendor.testgood");
+  }
+  {
+    PolicyContext reference(GetPolicy().WithPrefer("reference"));
+    ASSERT_TRUE(testing::CallOp(manager_, "rmsnorm_fwd", {&x, &g}, {&z_ref, &rs_ref}).ok());
+  }
+  EXPECT_EQ(testing::Compare(z, z_ref, testing::ToleranceFor(DType::kF32)).mismatches, 0);
+
+  // Loading the same file again is a no-op.
+  const auto before = Ids(registry_);
+  ASSERT_TRUE(LoadPlugin(PluginPath("testgood"), registry_).ok());
+  EXPECT_EQ(Ids(registry_), before);
+  EXPECT_TRUE(PluginReports().back().already_loaded);
+}
+
+TEST_F(PluginTest, AbiMajorMismatchIsRefusedNamingBothVersions) {
+  ExpectRejected(PluginPath("abimajor"),
+                 "ABI mismatch: the plugin was built for tefl ABI 2.0, this library is ABI 1.0");
+}
+
+TEST_F(PluginTest, NewerMinorIsRefused) {
+  ExpectRejected(PluginPath("abinewerminor"), "built for tefl ABI 1.1, newer than this library's 1.0");
+}
+
+TEST_F(PluginTest, MissingEntrySymbols) {
+  ExpectRejected(PluginPath("noregister"), "missing entry symbol tefl_plugin_register");
+  ExpectRejected(PluginPath("noinfo"), "missing entry symbol tefl_plugin_info");
+}
+
+TEST_F(PluginTest, ErrorStatusRollsBackWhatItRegistered) {
+  // It registered vendor.errorstatus, then returned an error: none of it stays.
+  ExpectRejected(PluginPath("errorstatus"), "its register function failed: RUNTIME_ERROR: no device found");
+  EXPECT_FALSE(registry_.GetImplementation("rmsnorm_fwd", "vendor.errorstatus").has_value());
+}
+
+TEST_F(PluginTest, DuplicateImplIdRejectsTheWholePlugin) {
+  ExpectRejected(PluginPath("duplicate"), "already has impl_id 'reference.cpp'");
+  EXPECT_FALSE(registry_.GetImplementation("rmsnorm_fwd", "vendor.duplicate").has_value());
+}
+
+TEST_F(PluginTest, UnsafeFilesAndPathsAreRefused) {
+  TempPluginDir tmp;
+  const std::string copy = tmp.Copy(PluginPath("testgood"), "libtefl_plugin_writable.so");
+  ::chmod(copy.c_str(), 0666);
+  ExpectRejected(copy, "the file is writable by group or others");
+  ::chmod(copy.c_str(), 0644);
+  ::chmod(tmp.dir.c_str(), 0777);
+  ExpectRejected(copy, "is writable by group or others");
+  ::chmod(tmp.dir.c_str(), 0700);
+  ExpectRejected("relative/libtefl_plugin_testgood.so", "refused: a relative path");
+  ExpectRejected("/nonexistent/libtefl_plugin_x.so", "no such file");
+  ExpectRejected("nosuchplugin", "not found in the plugin directories");
+}
+
+TEST_F(PluginTest, NamesResolveInPluginPath) {
+  TempPluginDir tmp;
+  tmp.Copy(PluginPath("testgood"), "libtefl_plugin_testgood.so");
+  setenv("TE_FL_PLUGIN_PATH", tmp.dir.c_str(), 1);
+  ASSERT_TRUE(LoadPlugin("testgood", registry_).ok());
+  EXPECT_EQ(PluginReports().back().path, (tmp.dir / "libtefl_plugin_testgood.so").string());
+  EXPECT_TRUE(registry_.GetImplementation("rmsnorm_fwd", "vendor.testgood").has_value());
+  // A name in the working directory is never loaded: only the plugin directories count.
+  unsetenv("TE_FL_PLUGIN_PATH");
+  OpRegistry other;
+  const fs::path cwd = fs::current_path();
+  fs::current_path(tmp.dir);
+  Status s = LoadPlugin("testgood", other);
+  fs::current_path(cwd);
+  EXPECT_FALSE(s.ok());
+}
+
+TEST_F(PluginTest, PluginModulesLoadAtInitialisation) {
+  setenv("TE_FL_PLUGIN_MODULES", (PluginPath("testgood") + ", " + PluginPath("abimajor")).c_str(), 1);
+  OpRegistry fresh;
+  OpManager m(&fresh);
+  LogCapture logs(TEFL_LOG_INFO);
+  m.EnsureInitialized();
+  EXPECT_TRUE(fresh.GetImplementation("rmsnorm_fwd", "vendor.testgood").has_value());
+  EXPECT_EQ(logs.Count("Loaded plugin 'testgood'"), 1);
+  EXPECT_EQ(logs.Count("rejected: ABI mismatch"), 1);  // the bad one does not stop the good one
+  EXPECT_EQ(logs.Count("Registered impl_ids: ['default.portable', 'reference.cpp', 'vendor.testgood']"), 1)
+      << ::testing::PrintToString(logs.Lines());
+}
+
+}  // namespace
+}  // namespace tefl

@@ -1,0 +1,98 @@
+/* A test plugin (some variants omit the entry that uses the kernels, hence
+ * "unused"), built in several variants (one compile definition each) to
+ * exercise the loader: a good one and one per way a plugin can be broken. */
+#include <math.h>
+#include <stdio.h>
+
+#include "tefl/ops.h"
+#include "tefl/tefl.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+#ifndef PLUGIN_NAME
+#define PLUGIN_NAME "testgood"
+#endif
+#ifndef ABI_MAJOR_DELTA
+#define ABI_MAJOR_DELTA 0
+#endif
+#ifndef ABI_MINOR_DELTA
+#define ABI_MINOR_DELTA 0
+#endif
+
+/* fp32 RMSNorm over compact tensors. */
+__attribute__((unused)) static tefl_status* RmsNorm(const tefl_call_frame* f, void* user_data) {
+  (void)user_data;
+  const DLTensor* x = f->inputs[0];
+  const DLTensor* g = f->inputs[1];
+  const tefl_norm_fwd_attrs* a = (const tefl_norm_fwd_attrs*)f->attrs;
+  const int64_t h = x->shape[x->ndim - 1];
+  int64_t rows = 1;
+  for (int d = 0; d + 1 < x->ndim; ++d) rows *= x->shape[d];
+  const float* xp = (const float*)((const char*)x->data + x->byte_offset);
+  const float* gp = (const float*)((const char*)g->data + g->byte_offset);
+  float* zp = (float*)((char*)f->outputs[0]->data + f->outputs[0]->byte_offset);
+  float* rp = (float*)((char*)f->outputs[1]->data + f->outputs[1]->byte_offset);
+  for (int64_t r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int64_t j = 0; j < h; ++j) ss += (double)xp[r * h + j] * xp[r * h + j];
+    const double inv = 1.0 / sqrt(ss / (double)h + a->eps);
+    for (int64_t j = 0; j < h; ++j)
+      zp[r * h + j] = (float)(xp[r * h + j] * inv * (gp[j] + (a->zero_centered_gamma ? 1.0 : 0.0)));
+    rp[r] = (float)inv;
+  }
+  return NULL;
+}
+
+__attribute__((unused)) static int32_t Fp32Only(const tefl_call_frame* f, void* user_data, char* why, size_t len) {
+  (void)user_data;
+  for (int i = 0; i < 2; ++i) {
+    if (f->inputs[i]->dtype.code != kDLFloat || f->inputs[i]->dtype.bits != 32) {
+      snprintf(why, len, PLUGIN_NAME " handles float32 only");
+      return 0;
+    }
+  }
+  if (f->outputs[0]->dtype.code != kDLFloat || f->outputs[0]->dtype.bits != 32) {
+    snprintf(why, len, PLUGIN_NAME " handles float32 only");
+    return 0;
+  }
+  return 1;
+}
+
+#ifndef OMIT_INFO
+EXPORT const tefl_plugin_metadata* tefl_plugin_info(void) {
+  static tefl_plugin_metadata info = {
+      TEFL_PLUGIN_METADATA_STRUCT_SIZE, PLUGIN_NAME, "0.1.0", "testvendor", TEFL_ABI_MAJOR + ABI_MAJOR_DELTA,
+      TEFL_ABI_MINOR + ABI_MINOR_DELTA};
+  return &info;
+}
+#endif
+
+#ifndef OMIT_REGISTER
+EXPORT tefl_status* tefl_plugin_register(const tefl_host_services* host, const tefl_registrar* registrar) {
+  (void)host;
+  tefl_impl_desc desc = {TEFL_IMPL_DESC_STRUCT_SIZE,
+                         "rmsnorm_fwd",
+                         "vendor." PLUGIN_NAME,
+                         TEFL_KIND_VENDOR,
+                         300,
+                         PLUGIN_NAME,
+                         TEFL_DEVICE_BIT(kDLCPU),
+                         RmsNorm,
+                         Fp32Only,
+                         NULL};
+  tefl_status* s = registrar->register_impl(registrar->ctx, &desc);
+  if (s != NULL) return s;
+#ifdef DUPLICATE_BUILTIN
+  /* reference.cpp already serves rmsnorm_fwd: the whole plugin must go. */
+  desc.impl_id = "reference.cpp";
+  desc.kind = TEFL_KIND_REFERENCE;
+  desc.vendor = NULL;
+  s = registrar->register_impl(registrar->ctx, &desc);
+  if (s != NULL) return s;
+#endif
+#ifdef RETURN_ERROR
+  return host->status_new(TEFL_RUNTIME_ERROR, "no device found");
+#endif
+  return NULL;
+}
+#endif
