@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# plugin_install_test.sh BINARY_DIR SOURCE_DIR
+# plugin_install_test.sh BINARY_DIR SOURCE_DIR [SANITIZERS]
 #
 # The installed package end to end: install the built tree into a temporary
 # prefix, build the out-of-tree example plugin (plugins/example) against that
@@ -8,10 +8,13 @@
 # tests/plugin_load_check (vendor routing and agreement with the reference).
 set -euo pipefail
 
-if [[ $# -ne 2 ]]; then
-  echo "usage: $0 BINARY_DIR SOURCE_DIR" >&2
+if [[ $# -lt 2 || $# -gt 3 ]]; then
+  echo "usage: $0 BINARY_DIR SOURCE_DIR [SANITIZERS]" >&2
   exit 2
 fi
+# A sanitized libtefl needs its sanitizer runtime first in the consumer program.
+san_flags=""
+if [[ -n "${3:-}" ]]; then san_flags="-fsanitize=$3"; fi
 bin_dir=$(cd "$1" && pwd)
 src_dir=$(cd "$2" && pwd)
 
@@ -108,8 +111,8 @@ int main(void) {
   return 0;
 }
 EOF
-# shellcheck disable=SC2086 # pkg-config output is a list of flags
-"${CC:-cc}" -std=c11 -Wall -Wextra -Wpedantic -Werror -o "$tmp/consumer" "$tmp/consumer.c" $pc_flags
+# shellcheck disable=SC2086 # pkg-config output and san_flags are lists of flags
+"${CC:-cc}" -std=c11 -Wall -Wextra -Wpedantic -Werror $san_flags -o "$tmp/consumer" "$tmp/consumer.c" $pc_flags
 LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$tmp/consumer"
 
 step "load the plugin: tests/plugin_load_check"

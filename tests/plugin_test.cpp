@@ -4,6 +4,7 @@
 // TE_FL_PLUGIN_PATH; TE_FL_PLUGIN_MODULES loads at initialisation.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -70,6 +71,23 @@ class PluginTest : public ::testing::Test {
     ASSERT_FALSE(PluginReports().empty());
     EXPECT_FALSE(PluginReports().back().loaded);
     EXPECT_NE(PluginReports().back().error.find(reason), std::string::npos);
+    ExpectCorrectDispatch();
+  }
+  // rmsnorm_fwd through this manager (vendor first) matches the reference.
+  void ExpectCorrectDispatch() {
+    Tensor x(DType::kF32, {3, 24}), g(DType::kF32, {24}), z(DType::kF32, {3, 24}), rs(DType::kF32, {3});
+    x.Uniform("x");
+    g.Uniform("g");
+    Tensor z_ref = z, rs_ref = rs;
+    {
+      PolicyContext vendor(GetPolicy().WithPrefer("vendor"));
+      ASSERT_TRUE(testing::CallOp(manager_, "rmsnorm_fwd", {&x, &g}, {&z, &rs}).ok());
+    }
+    {
+      PolicyContext reference(GetPolicy().WithPrefer("reference"));
+      ASSERT_TRUE(testing::CallOp(manager_, "rmsnorm_fwd", {&x, &g}, {&z_ref, &rs_ref}).ok());
+    }
+    EXPECT_EQ(testing::Compare(z, z_ref, testing::ToleranceFor(DType::kF32)).mismatches, 0);
   }
 
   OpRegistry registry_;
@@ -133,14 +151,50 @@ TEST_F(PluginTest, MissingEntrySymbols) {
 }
 
 TEST_F(PluginTest, ErrorStatusRollsBackWhatItRegistered) {
-  // It registered vendor.errorstatus, then returned an error: none of it stays.
+  // It registered two implementations, then returned an error: both are gone.
   ExpectRejected(PluginPath("errorstatus"), "its register function failed: RUNTIME_ERROR: no device found");
   EXPECT_FALSE(registry_.GetImplementation("rmsnorm_fwd", "vendor.errorstatus").has_value());
+  EXPECT_FALSE(registry_.GetImplementation("rmsnorm_fwd", "vendor.errorstatus_second").has_value());
 }
 
-TEST_F(PluginTest, DuplicateImplIdRejectsTheWholePlugin) {
-  ExpectRejected(PluginPath("duplicate"), "already has impl_id 'reference.cpp'");
-  EXPECT_FALSE(registry_.GetImplementation("rmsnorm_fwd", "vendor.duplicate").has_value());
+TEST_F(PluginTest, NotASharedLibrary) {
+  TempPluginDir tmp;
+  const std::string path = (tmp.dir / "libtefl_plugin_text.so").string();
+  std::ofstream(path) << "this is not an ELF file\n";
+  ::chmod(path.c_str(), 0644);
+  ExpectRejected(path, "dlopen failed");
+}
+
+TEST_F(PluginTest, TwoPluginsOfOneVendorWithDifferentIds) {
+  ASSERT_TRUE(LoadPlugin(PluginPath("testgood"), registry_).ok());
+  ASSERT_TRUE(LoadPlugin(PluginPath("samevendor"), registry_).ok());
+  auto a = registry_.GetImplementation("rmsnorm_fwd", "vendor.testgood");
+  auto b = registry_.GetImplementation("rmsnorm_fwd", "vendor.samevendor");
+  ASSERT_TRUE(a.has_value() && b.has_value());
+  EXPECT_EQ(a->vendor, "testgood");
+  EXPECT_EQ(b->vendor, "testgood");
+  Tensor x(DType::kF32, {2, 8}), g(DType::kF32, {8}), z(DType::kF32, {2, 8}), rs(DType::kF32, {2});
+  x.Uniform("x");
+  g.Uniform("g");
+  {
+    // Same priority: impl_id decides, and vendor:testgood selects both.
+    SelectionPolicy p;
+    ASSERT_TRUE(
+        SelectionPolicy::Make("flagos", false, {{"rmsnorm_fwd", {"vendor:TestGood"}}}, {}, std::nullopt, &p).ok());
+    PolicyContext ctx(p);
+    ASSERT_TRUE(testing::CallOp(manager_, "rmsnorm_fwd", {&x, &g}, {&z, &rs}).ok());
+    EXPECT_EQ(manager_.GetSelectedImplId("rmsnorm_fwd"), "vendor.samevendor");
+    Resolution r = manager_.Explain(TEFL_OP_RMSNORM_FWD, std::vector<const DLTensor*>{x.ptr(), g.ptr()},
+                                    std::vector<DLTensor*>{z.ptr(), rs.ptr()});
+    EXPECT_EQ(r.chain, (std::vector<std::string>{"vendor.samevendor", "vendor.testgood"}));
+  }
+  {
+    // Denying the vendor removes both.
+    PolicyContext deny(GetPolicy().WithPrefer("vendor").WithDeniedVendors({"TESTGOOD"}));
+    ASSERT_TRUE(testing::CallOp(manager_, "rmsnorm_fwd", {&x, &g}, {&z, &rs}).ok());
+    EXPECT_EQ(manager_.GetSelectedImplId("rmsnorm_fwd"), "default.portable");
+  }
+  ExpectCorrectDispatch();
 }
 
 TEST_F(PluginTest, UnsafeFilesAndPathsAreRefused) {
@@ -175,7 +229,9 @@ TEST_F(PluginTest, NamesResolveInPluginPath) {
 }
 
 TEST_F(PluginTest, PluginModulesLoadAtInitialisation) {
-  setenv("TE_FL_PLUGIN_MODULES", (PluginPath("testgood") + ", " + PluginPath("abimajor")).c_str(), 1);
+  // Listed twice: the second is a no-op. A bad one does not stop the others.
+  setenv("TE_FL_PLUGIN_MODULES",
+         (PluginPath("testgood") + ", " + PluginPath("abimajor") + "," + PluginPath("testgood")).c_str(), 1);
   OpRegistry fresh;
   OpManager m(&fresh);
   LogCapture logs(TEFL_LOG_INFO);
@@ -185,6 +241,33 @@ TEST_F(PluginTest, PluginModulesLoadAtInitialisation) {
   EXPECT_EQ(logs.Count("rejected: ABI mismatch"), 1);  // the bad one does not stop the good one
   EXPECT_EQ(logs.Count("Registered impl_ids: ['default.portable', 'reference.cpp', 'vendor.testgood']"), 1)
       << ::testing::PrintToString(logs.Lines());
+  EXPECT_EQ(fresh.GetImplementations("rmsnorm_fwd").size(), 3u);  // portable, reference, testgood once
+  EXPECT_TRUE(PluginReports().back().already_loaded);
+}
+
+// After fork() the child dispatches through the plugin's kernel with nothing
+// registered twice.
+TEST_F(PluginTest, ForkedChildKeepsPluginImplementationsOnce) {
+  ASSERT_TRUE(LoadPlugin(PluginPath("testgood"), registry_).ok());
+  const size_t before = registry_.Snapshot().size();
+  const pid_t pid = fork();
+  ASSERT_NE(pid, -1);
+  if (pid == 0) {
+    alarm(30);
+    Tensor x(DType::kF32, {2, 8}), g(DType::kF32, {8}), z(DType::kF32, {2, 8}), rs(DType::kF32, {2});
+    x.Uniform("x");
+    g.Uniform("g");
+    PolicyContext vendor(GetPolicy().WithPrefer("vendor"));
+    const bool ok = testing::CallOp(manager_, "rmsnorm_fwd", {&x, &g}, {&z, &rs}).ok() &&
+                    manager_.GetSelectedImplId("rmsnorm_fwd") == "vendor.testgood" &&
+                    registry_.Snapshot().size() == before && LoadPlugin(PluginPath("testgood"), registry_).ok() &&
+                    registry_.Snapshot().size() == before;
+    _exit(ok ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 }  // namespace

@@ -12,6 +12,9 @@
 #ifndef PLUGIN_NAME
 #define PLUGIN_NAME "testgood"
 #endif
+#ifndef IMPL_VENDOR
+#define IMPL_VENDOR PLUGIN_NAME
+#endif
 #ifndef ABI_MAJOR_DELTA
 #define ABI_MAJOR_DELTA 0
 #endif
@@ -75,13 +78,18 @@ EXPORT tefl_status* tefl_plugin_register(const tefl_host_services* host, const t
                          "vendor." PLUGIN_NAME,
                          TEFL_KIND_VENDOR,
                          300,
-                         PLUGIN_NAME,
+                         IMPL_VENDOR,
                          TEFL_DEVICE_BIT(kDLCPU),
                          RmsNorm,
                          Fp32Only,
                          NULL};
   tefl_status* s = registrar->register_impl(registrar->ctx, &desc);
   if (s != NULL) return s;
+#ifdef SECOND_IMPL
+  desc.impl_id = "vendor." PLUGIN_NAME "_second";
+  s = registrar->register_impl(registrar->ctx, &desc);
+  if (s != NULL) return s;
+#endif
 #ifdef DUPLICATE_BUILTIN
   /* reference.cpp already serves rmsnorm_fwd: the whole plugin must go. */
   desc.impl_id = "reference.cpp";
