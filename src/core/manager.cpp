@@ -247,7 +247,6 @@ ResolvedCandidates OpManager::Rep::ResolveCandidates(const OpSchema& op, const t
     out.error = impls.empty() ? fmt::format("{}: no implementation is registered", op.name)
                               : fmt::format("{}: no implementation can serve this call{}", op.name, reasons);
   }
-  (void)key;
   return out;
 }
 
