@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# plugin_onednn_test.sh BINARY_DIR SOURCE_DIR [SANITIZERS]
+#
+# The oneDNN vendor plugin end to end: install the built tree into a
+# temporary prefix, build plugins/onednn against that prefix and the system
+# oneDNN, check its exported symbols, then run the normalization conformance
+# suite (tests/conformance_normalization_test) with the plugin loaded. The
+# suite enumerates every registered implementation, so vendor.onednn is
+# compared with reference.cpp under TransformerEngine's tolerances; this
+# script also checks from the suite's output that vendor.onednn was listed
+# and actually executed layernorm_fwd and layernorm_bwd in float32 and
+# bfloat16.
+#
+# Sanitized builds (third argument non-empty): the plugin is still built and
+# its symbols checked, but the conformance run is skipped: a sanitized
+# libtefl/test binary would load the uninstrumented oneDNN and its OpenMP
+# runtime (ThreadSanitizer reports false races in uninstrumented OpenMP;
+# LeakSanitizer reports oneDNN's process-lifetime allocations).
+set -euo pipefail
+
+if [[ $# -lt 2 || $# -gt 3 ]]; then
+  echo "usage: $0 BINARY_DIR SOURCE_DIR [SANITIZERS]" >&2
+  exit 2
+fi
+sanitizers="${3:-}"
+bin_dir=$(cd "$1" && pwd)
+src_dir=$(cd "$2" && pwd)
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/tefl-plugin-onednn.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+prefix="$tmp/prefix"
+plugin_build="$tmp/plugin-build"
+start=$SECONDS
+
+step() { printf '\n==== %s\n' "$*"; }
+fail() {
+  echo "FAIL: $*" >&2
+  exit 1
+}
+
+step "install $bin_dir into $prefix"
+cmake --install "$bin_dir" --prefix "$prefix" >/dev/null
+[[ -f "$prefix/include/tefl/tefl.h" ]] || fail "tefl headers not installed under $prefix"
+
+step "configure plugins/onednn against $prefix"
+cmake -S "$src_dir/plugins/onednn" -B "$plugin_build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF ||
+  fail "configuring plugins/onednn failed (is libdnnl-dev installed? scripts/install-deps.sh)"
+tefl_dir=$(sed -n 's/^tefl_DIR:[A-Z]*=//p' "$plugin_build/CMakeCache.txt")
+[[ "$tefl_dir" == "$prefix"/* ]] || fail "plugin build found tefl at '$tefl_dir', not in $prefix"
+echo "tefl_DIR=$tefl_dir"
+
+step "build plugins/onednn"
+cmake --build "$plugin_build" || fail "building plugins/onednn failed"
+so="$plugin_build/libtefl_plugin_onednn.so"
+[[ -f "$so" ]] || fail "plugin not built: $so"
+
+step "exported symbols of $(basename "$so")"
+exported=$(nm -D --defined-only "$so" | awk '$2 != "A" { print $3 }' | sort | tr '\n' ' ')
+echo "$exported"
+[[ "$exported" == "tefl_plugin_info tefl_plugin_register " ]] ||
+  fail "the plugin must export exactly tefl_plugin_info and tefl_plugin_register, got: $exported"
+if nm -D --undefined-only "$so" | grep -q ' tefl_'; then
+  fail "the plugin needs libtefl symbols; it should reach the host through the services table only"
+fi
+
+if [[ -n "$sanitizers" ]]; then
+  step "SKIP the conformance run: sanitized build ($sanitizers) with an uninstrumented oneDNN/OpenMP"
+  step "PASS (build and symbols only) in $((SECONDS - start)) s"
+  exit 0
+fi
+
+step "conformance_normalization_test with the plugin loaded"
+conf="$bin_dir/tests/conformance_normalization_test"
+[[ -x "$conf" ]] || fail "$conf is missing: build the conformance_normalization_test target first"
+log="$tmp/conformance.log"
+rc=0
+TE_FL_PLUGIN_MODULES="$so" TE_FL_VERBOSE=exec "$conf" >"$log" 2>&1 || rc=$?
+grep -E '^\[ *(PASSED|FAILED) *\]|^\[  NOTE    \] layernorm_(fwd|bwd): |Loaded plugin|^\[TE-FL .*Plugin .* rejected' "$log" || true
+if ((rc != 0)); then
+  grep -B2 -A12 'Failure' "$log" | head -n 80 >&2 || true
+  fail "conformance_normalization_test failed with the oneDNN plugin loaded (exit $rc)"
+fi
+grep -q "Loaded plugin 'onednn'" "$log" || fail "the plugin was not loaded (no \"Loaded plugin 'onednn'\" line)"
+
+step "vendor.onednn coverage"
+for op in layernorm_fwd layernorm_bwd; do
+  grep -Eq "^\[  NOTE    \] $op: .*vendor\.onednn" "$log" ||
+    fail "ImplementationsCovered does not list vendor.onednn for $op"
+  for dt in float32 bfloat16; do
+    n=$(grep -Ec "^tefl_verbose,exec,$op,vendor\.onednn,x:$dt|^tefl_verbose,exec,$op,vendor\.onednn,dz:$dt" "$log" || true)
+    echo "$op $dt: $n call(s) executed by vendor.onednn"
+    ((n > 0)) || fail "vendor.onednn never executed $op in $dt"
+  done
+  declined=$(grep -c "vendor.onednn declined $op" "$log" || true)
+  echo "$op: $declined case(s) declined by vendor.onednn (float16, mixed dtypes, fp32-unsafe data)"
+done
+# float16 must be declined by supports(), never run.
+if grep -Eq '^tefl_verbose,exec,layernorm_(fwd|bwd),vendor\.onednn,(x|dz):float16' "$log"; then
+  fail "vendor.onednn ran a float16 call; oneDNN 2.6 has no float16 CPU layer normalization"
+fi
+
+step "PASS in $((SECONDS - start)) s"
