@@ -57,7 +57,7 @@ void BM_Copy(benchmark::State& state) {
 }
 
 // Runs `op` pinned to `impl` on [kRows, kHidden] of `dt` (gamma/beta in dt too).
-void BM_Norm(benchmark::State& state, const char* op, tefl::DType dt, const char* impl) {
+void BM_Norm(benchmark::State& state, const char* op, tefl::DType dt, const std::string& impl) {
   const size_t elem = size_t(tefl::DLTypeOf(dt).bits / 8);
   const bool layernorm = std::string(op) == "layernorm_fwd";
   int64_t xs[2] = {kRows, kHidden}, hs[1] = {kHidden}, ns[1] = {kRows};
@@ -68,8 +68,7 @@ void BM_Norm(benchmark::State& state, const char* op, tefl::DType dt, const char
   DLTensor tx = View(x, dt, xs, 2), tz = View(z, dt, xs, 2), tg = View(gamma, dt, hs, 1), tb = View(beta, dt, hs, 1),
            tmu = View(mu, tefl::DType::kF32, ns, 1), trs = View(rsigma, tefl::DType::kF32, ns, 1);
   tefl::SelectionPolicy pinned;
-  if (!tefl::SelectionPolicy::Make("flagos", true, {{op, {std::string("impl:") + impl}}}, {}, std::nullopt, &pinned)
-           .ok()) {
+  if (!tefl::SelectionPolicy::Make("flagos", true, {{op, {"impl:" + impl}}}, {}, std::nullopt, &pinned).ok()) {
     state.SkipWithError("policy");
     return;
   }
@@ -118,9 +117,12 @@ int main(int argc, char** argv) {
         ->UseRealTime()
         ->MinTime(1.0);
     for (const char* op : {"rmsnorm_fwd", "layernorm_fwd"}) {
-      for (const char* impl : {"default.portable", "reference.cpp"}) {
-        const std::string name = std::string("BM_Norm/") + op + "/" + dname + "/" + impl;
-        benchmark::RegisterBenchmark(name.c_str(), BM_Norm, op, dt, impl)->UseRealTime()->MinTime(1.0);
+      // Every CPU implementation registered (plugins from TE_FL_PLUGIN_MODULES
+      // included), so a vendor's kernel is measured next to the built-ins.
+      for (const tefl::OpImpl& impl : tefl::GetDefaultRegistry().GetImplementations(op)) {
+        if (!(impl.device_mask & TEFL_DEVICE_BIT(kDLCPU))) continue;
+        const std::string name = std::string("BM_Norm/") + op + "/" + dname + "/" + impl.impl_id;
+        benchmark::RegisterBenchmark(name.c_str(), BM_Norm, op, dt, impl.impl_id)->UseRealTime()->MinTime(1.0);
       }
     }
   }
