@@ -15,6 +15,7 @@
 #include <tefl/ops.h>
 #include <tefl/tefl.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -204,7 +205,7 @@ struct Unsupported {
 };
 
 dnnl::memory::data_type DnnlType(DT dt) {
-  return dt == DT::kBF16 ? dnnl::memory::data_type::bf16
+  return dt == DT::kBF16  ? dnnl::memory::data_type::bf16
          : dt == DT::kF16 ? dnnl::memory::data_type::f16
                           : dnnl::memory::data_type::f32;
 }
@@ -268,25 +269,65 @@ Dims RowsCols(const DLTensor* x) {
 // whose squared deviations overflow fp32 (|x| beyond ~1e15), or underflow it
 // while eps cannot absorb that (|x| below ~1e-15 with eps ~ 0), would give
 // different statistics, so such data is declined before anything is written.
-bool Fp32StatisticsSafe(const void* x, DT dt, int64_t n, int64_t h, float eps, std::string* why) {
-  for (int64_t r = 0; r < n; ++r) {
-    float amax = 0.0f;
+// Largest |x| of row r, NaN ignored, inf kept (an inf row is declined too:
+// the next implementation handles it). Branch-free so the loop vectorises.
+float RowAbsMax(const void* x, DT dt, int64_t r, int64_t h) {
+  float amax = 0.0f;
+  if (dt == DT::kF32) {
+    const float* p = static_cast<const float*>(x) + r * h;
+    for (int64_t j = 0; j < h; ++j) {
+      const float a = std::fabs(p[j]);
+      amax = a > amax ? a : amax;
+    }
+  } else {
     for (int64_t j = 0; j < h; ++j) {
       const float a = std::fabs(LoadF(x, dt, r * h + j));
-      if (std::isfinite(a) && a > amax) amax = a;
-    }
-    if (amax > 1e15f) {
-      *why = "row " + std::to_string(r) + " has |x| up to " + std::to_string(amax) +
-             ": its variance would overflow oneDNN's fp32 statistics";
-      return false;
-    }
-    if (amax > 0.0f && amax < 1e-15f && eps < 1e-20f) {
-      *why = "row " + std::to_string(r) + " has |x| below 1e-15 with eps ~ 0: its variance would underflow "
-             "oneDNN's fp32 statistics";
-      return false;
+      amax = a > amax ? a : amax;
     }
   }
-  return true;
+  return amax;
+}
+
+struct SafetyScan {
+  const void* x;
+  DT dt;
+  int64_t h;
+  float eps;
+  std::atomic<int64_t> bad_row{-1};
+  std::atomic<bool> too_large{false};
+};
+
+void ScanRows(void* ctx, int64_t begin, int64_t end) {
+  auto* s = static_cast<SafetyScan*>(ctx);
+  for (int64_t r = begin; r < end && s->bad_row.load(std::memory_order_relaxed) < 0; ++r) {
+    const float amax = RowAbsMax(s->x, s->dt, r, s->h);
+    const bool large = amax > 1e15f;
+    const bool tiny = amax > 0.0f && amax < 1e-15f && s->eps < 1e-20f;
+    if (large || tiny) {
+      int64_t expected = -1;
+      if (s->bad_row.compare_exchange_strong(expected, r)) s->too_large.store(large);
+    }
+  }
+}
+
+// oneDNN accumulates the statistics in fp32, tefl's reference in double: a row
+// whose squared deviations overflow fp32 (|x| beyond ~1e15), or underflow it
+// while eps cannot absorb that (|x| below ~1e-15 with eps ~ 0), would give
+// different statistics, so such data is declined before anything is written.
+// One read of x, split over the host's threads.
+bool Fp32StatisticsSafe(const tefl_host_services* host, const void* x, DT dt, int64_t n, int64_t h, float eps,
+                        std::string* why) {
+  SafetyScan scan{x, dt, h, eps};
+  host->parallel_for(n, 64, ScanRows, &scan);
+  const int64_t r = scan.bad_row.load();
+  if (r < 0) return true;
+  *why = scan.too_large.load()
+             ? "row " + std::to_string(r) +
+                   " has |x| beyond 1e15 (or inf): its variance would overflow oneDNN's fp32 statistics"
+             : "row " + std::to_string(r) +
+                   " has |x| below 1e-15 with eps ~ 0: its variance would underflow oneDNN's fp32 "
+                   "statistics";
+  return false;
 }
 
 // ---- supports() -------------------------------------------------------------------
@@ -332,8 +373,9 @@ int32_t SupportsDataDtypes(const DLTensor* const* t, const char* const* names, i
       return 0;
     }
     if (d != first) {
-      Why(why, len, std::string("onednn needs one dtype for all data tensors (oneDNN 2.6 uses one descriptor), got ") +
-                        DtypeName(t[0]->dtype) + " " + names[0] + " and " + DtypeName(t[i]->dtype) + " " + names[i]);
+      Why(why, len,
+          std::string("onednn needs one dtype for all data tensors (oneDNN 2.6 uses one descriptor), got ") +
+              DtypeName(t[0]->dtype) + " " + names[0] + " and " + DtypeName(t[i]->dtype) + " " + names[i]);
       return 0;
     }
   }
@@ -344,8 +386,9 @@ int32_t SupportsParamDtypes(const DLTensor* const* t, const char* const* names, 
   for (int i = 0; i < n; ++i) {
     const DT d = DtOf(t[i]);
     if (d == DT::kOther) {
-      Why(why, len, "onednn handles float32, bfloat16 and float16 " + std::string(names[i]) + " only, got " +
-                        DtypeName(t[i]->dtype));
+      Why(why, len,
+          "onednn handles float32, bfloat16 and float16 " + std::string(names[i]) + " only, got " +
+              DtypeName(t[i]->dtype));
       return 0;
     }
   }
@@ -453,7 +496,7 @@ tefl_status* LayerNormFwd(const tefl_call_frame* frame, void*) noexcept {
     if (d.h <= 0) return Status(host, TEFL_UNSUPPORTED, "layernorm_fwd: hidden size 0");
     const DT dt = DtOf(x);
     std::string why;
-    if (!Fp32StatisticsSafe(DataOf(x), dt, d.n, d.h, eps, &why))
+    if (!Fp32StatisticsSafe(host, DataOf(x), dt, d.n, d.h, eps, &why))
       return Status(host, TEFL_UNSUPPORTED, "layernorm_fwd: " + why);
 
     uint32_t eps_bits;
@@ -484,8 +527,7 @@ tefl_status* LayerNormFwd(const tefl_call_frame* frame, void*) noexcept {
                             {DNNL_ARG_SHIFT, shift_m}});
     s.wait();
     auto* rs = static_cast<float*>(DataOf(rsigma));
-    for (int64_t r = 0; r < d.n; ++r)
-      rs[r] = float(1.0 / std::sqrt(double(variance[size_t(r)]) + double(eps)));
+    for (int64_t r = 0; r < d.n; ++r) rs[r] = float(1.0 / std::sqrt(double(variance[size_t(r)]) + double(eps)));
     return nullptr;
   });
 }
