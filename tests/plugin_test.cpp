@@ -59,11 +59,11 @@ class PluginTest : public ::testing::Test {
   }
   // Loads `path` expecting a rejection that mentions `reason`: one WARNING,
   // nothing registered.
-  void ExpectRejected(const std::string& path, const std::string& reason) {
+  void ExpectRejected(const std::string& path, const std::string& reason, int32_t code = TEFL_FAILED_PRECONDITION) {
     const auto before = Ids(registry_);
     LogCapture logs(TEFL_LOG_DEBUG);
     Status s = LoadPlugin(path, registry_);
-    EXPECT_EQ(s.code(), TEFL_FAILED_PRECONDITION);
+    EXPECT_EQ(s.code(), code);
     EXPECT_NE(s.message().find(reason), std::string::npos) << s.message();
     EXPECT_EQ(Ids(registry_), before) << "the registry changed";
     EXPECT_EQ(logs.Count("WARNING]"), 1) << ::testing::PrintToString(logs.Lines());
@@ -137,12 +137,13 @@ TEST_F(PluginTest, GoodPluginLoadsRoutesAndMatchesTheReference) {
 }
 
 TEST_F(PluginTest, AbiMajorMismatchIsRefusedNamingBothVersions) {
-  ExpectRejected(PluginPath("abimajor"),
-                 "ABI mismatch: the plugin was built for tefl ABI 2.0, this library is ABI 1.0");
+  ExpectRejected(PluginPath("abimajor"), "ABI mismatch: the plugin was built for tefl ABI 2.0, this library is ABI 1.0",
+                 TEFL_ABI_MISMATCH);
 }
 
 TEST_F(PluginTest, NewerMinorIsRefused) {
-  ExpectRejected(PluginPath("abinewerminor"), "built for tefl ABI 1.1, newer than this library's 1.0");
+  ExpectRejected(PluginPath("abinewerminor"), "built for tefl ABI 1.1, newer than this library's 1.0",
+                 TEFL_ABI_MISMATCH);
 }
 
 TEST_F(PluginTest, MissingEntrySymbols) {
@@ -206,6 +207,14 @@ TEST_F(PluginTest, UnsafeFilesAndPathsAreRefused) {
   ::chmod(tmp.dir.c_str(), 0777);
   ExpectRejected(copy, "is writable by group or others");
   ::chmod(tmp.dir.c_str(), 0700);
+  // A symlink in a safe directory to a file in a writable one is judged by its target.
+  TempPluginDir open_dir;
+  const std::string target = open_dir.Copy(PluginPath("testgood"), "libtefl_plugin_target.so");
+  ::chmod(open_dir.dir.c_str(), 0777);
+  const std::string link = (tmp.dir / "libtefl_plugin_link.so").string();
+  ASSERT_EQ(::symlink(target.c_str(), link.c_str()), 0);
+  ExpectRejected(link, "is writable by group or others (it resolves to " + target);
+  ::chmod(open_dir.dir.c_str(), 0700);
   ExpectRejected("relative/libtefl_plugin_testgood.so", "refused: a relative path");
   ExpectRejected("/nonexistent/libtefl_plugin_x.so", "no such file");
   ExpectRejected("nosuchplugin", "not found in the plugin directories");

@@ -255,6 +255,18 @@ TEST(Policy, FingerprintIdentifiesContent) {
   EXPECT_NE(a.Fingerprint(), a.WithAllowedVendors({}).Fingerprint());  // allow nothing != allow all
 }
 
+// Names holding the fingerprint's separators cannot make two policies equal.
+TEST(Policy, FingerprintsOfSeparatorLadenNamesDiffer) {
+  SelectionPolicy one, two;
+  ASSERT_TRUE(
+      SelectionPolicy::Make("flagos", false, {{"rmsnorm_fwd", {"impl:a|impl:b"}}}, {}, std::nullopt, &one).ok());
+  ASSERT_TRUE(
+      SelectionPolicy::Make("flagos", false, {{"rmsnorm_fwd", {"impl:a", "impl:b"}}}, {}, std::nullopt, &two).ok());
+  EXPECT_NE(one.Fingerprint(), two.Fingerprint());
+  EXPECT_NE(SelectionPolicy().WithDeniedVendors({"a,b"}).Fingerprint(),
+            SelectionPolicy().WithDeniedVendors({"a", "b"}).Fingerprint());
+}
+
 TEST(Policy, SourcesSayWhichVariable) {
   SelectionPolicy p = SelectionPolicy::FromEnv(nullptr, EnvFrom({{"TE_FL_PREFER_VENDOR", "1"}, {"TE_FL_STRICT", "1"}}));
   EXPECT_EQ(p.sources().at("prefer"), "TE_FL_PREFER_VENDOR");

@@ -150,3 +150,59 @@ TEST(ValidationMemo, PointerChecksRunOnEveryHit) {
 
 }  // namespace
 }  // namespace tefl
+
+namespace tefl {
+namespace {
+
+// A slot remembered as absent (an optional input given as NULL) does not
+// match a present tensor later, however zeroed that tensor is.
+TEST(ValidationMemo, AbsentSlotDoesNotMatchAPresentTensor) {
+  auto memo = std::make_unique<ValidationMemo>();
+  const OpSchema& op = *FindOp(TEFL_OP_FUSED_ROPE_FORWARD);
+  Tensor x(DType::kF32, {4, 1, 2, 8}), freqs(DType::kF32, {4, 1, 1, 8}), out(DType::kF32, {4, 1, 2, 8});
+  tefl_rope_attrs attrs{TEFL_ROPE_ATTRS_STRUCT_SIZE, TEFL_QKV_SBHD, 0, 1, 0};
+  const DLTensor* in[] = {x.ptr(), freqs.ptr(), nullptr, nullptr};
+  DLTensor* outs[] = {out.ptr()};
+  const CallArgs args{in, 4, outs, 1, &attrs};
+  SigKey key;
+  ASSERT_EQ(ValidateCallMemo(op, args, &key, memo.get()), nullptr);
+  ASSERT_EQ(ValidateCallMemo(op, args, &key, memo.get()), nullptr);  // remembered
+  DLTensor zeroed{};                                                 // present, but dtype (0, 0, 0) and rank 0
+  const DLTensor* in2[] = {x.ptr(), freqs.ptr(), &zeroed, nullptr};
+  const CallArgs args2{in2, 4, outs, 1, &attrs};
+  tefl_status* full = ValidateCall(op, args2, &key);
+  tefl_status* memoed = ValidateCallMemo(op, args2, &key, memo.get());
+  ASSERT_NE(full, nullptr);
+  ASSERT_NE(memoed, nullptr);
+  EXPECT_STREQ(tefl_status_message(full), tefl_status_message(memoed));
+  tefl_status_free(full);
+  tefl_status_free(memoed);
+}
+
+// Strides whose last byte offset is INT64_MAX: an error, not signed overflow
+// (UBSan runs this in CI).
+TEST(ValidationLimits, StrideReachingInt64Max) {
+  OpManager mgr;
+  Tensor x(DType::kF32, {2, 1, 1, 2}), freqs(DType::kF32, {4, 1, 1, 2}), out(DType::kF32, {2, 1, 1, 2});
+  int64_t strides[4] = {INT64_MAX, 2, 2, 1};
+  DLTensor xv = x.dl();
+  xv.strides = strides;
+  tefl_rope_attrs attrs{TEFL_ROPE_ATTRS_STRUCT_SIZE, TEFL_QKV_SBHD, 0, 1, 0};
+  const DLTensor* in[] = {&xv, freqs.ptr(), nullptr, nullptr};
+  DLTensor* outs[] = {out.ptr()};
+  Status s = mgr.Call(TEFL_OP_FUSED_ROPE_FORWARD, in, outs, &attrs);
+  EXPECT_EQ(s.code(), TEFL_INVALID_ARGUMENT);
+  EXPECT_NE(s.message().find("address beyond 2^62 bytes"), std::string::npos) << s.message();
+}
+
+TEST(ValidationLimits, DeviceTypeOutOfRange) {
+  OpManager mgr;
+  Tensor x(DType::kF32, {2, 8}), g(DType::kF32, {8}), z(DType::kF32, {2, 8}), rs(DType::kF32, {2});
+  for (Tensor* t : {&x, &g, &z, &rs}) t->dl().device.device_type = DLDeviceType(257);
+  Status s = testing::CallOp(mgr, "rmsnorm_fwd", {&x, &g}, {&z, &rs});
+  EXPECT_EQ(s.code(), TEFL_INVALID_ARGUMENT);
+  EXPECT_NE(s.message().find("device type 257 is out of range"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace tefl

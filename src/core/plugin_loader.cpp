@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -133,12 +134,18 @@ tefl_status* StageRuntime(void* ctx, const tefl_device_runtime* runtime) {
 // Loads one resolved file; fills `report`. Caller holds g_plugins_mu.
 void LoadFile(const std::string& path, OpRegistry& registry, PluginReport& report) {
   report.path = path;
-  if (std::string why = UnsafeReason(path); !why.empty()) {
-    report.error = "refused: " + why;
+  // Check where the path really leads (a symlink in a safe directory may
+  // point into an unsafe one), and load exactly that file.
+  char real[PATH_MAX];
+  if (::realpath(path.c_str(), real) == nullptr) {
+    report.error = std::string("cannot resolve the path: ") + std::strerror(errno);
     return;
   }
-  char real[PATH_MAX];
-  const std::string canonical = ::realpath(path.c_str(), real) ? std::string(real) : path;
+  const std::string canonical = real;
+  if (std::string why = UnsafeReason(canonical); !why.empty()) {
+    report.error = "refused: " + why + (canonical == path ? "" : " (it resolves to " + canonical + ")");
+    return;
+  }
   if (auto it = Loaded().find({&registry, canonical}); it != Loaded().end()) {
     const std::string requested = report.requested;
     report = it->second;
@@ -147,7 +154,7 @@ void LoadFile(const std::string& path, OpRegistry& registry, PluginReport& repor
     report.already_loaded = true;
     return;
   }
-  void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  void* handle = ::dlopen(canonical.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
     const char* e = ::dlerror();
     report.error = std::string("dlopen failed: ") + (e ? e : "unknown error");
@@ -193,17 +200,30 @@ void LoadFile(const std::string& path, OpRegistry& registry, PluginReport& repor
     return fail("its register function failed: " + s.ToString());
   }
   if (!staging.error.empty()) return fail("a registration failed: " + staging.error);
+  // Device runtimes are checked completely before anything is committed, so
+  // their registration below cannot fail.
   for (size_t i = 0; i < staging.runtimes.size(); ++i) {
-    const tefl_device_runtime* existing = DeviceRuntime(staging.runtimes[i].device_type);
+    const int32_t type = staging.runtimes[i].device_type;
+    if (type < 0 || type >= kMaxDeviceTypes)
+      return fail(fmt::format("device runtime '{}': device type {} is out of range", staging.runtime_names[i], type));
+    for (size_t j = 0; j < i; ++j) {
+      if (staging.runtimes[j].device_type == type && staging.runtime_names[j] != staging.runtime_names[i])
+        return fail(fmt::format("two device runtimes for type {} ('{}', '{}')", type, staging.runtime_names[j],
+                                staging.runtime_names[i]));
+    }
+    const tefl_device_runtime* existing = DeviceRuntime(type);
     if (existing && staging.runtime_names[i] != existing->name)
-      return fail(fmt::format("device runtime for type {} is already registered as '{}'",
-                              staging.runtimes[i].device_type, existing->name));
+      return fail(fmt::format("device runtime for type {} is already registered as '{}'", type, existing->name));
   }
   Status committed = registry.RegisterMany(staging.impls);  // all or nothing
   if (!committed.ok()) return fail("committing its implementations failed: " + committed.message());
   for (size_t i = 0; i < staging.runtimes.size(); ++i) {
-    staging.runtimes[i].name = staging.runtime_names[i].c_str();  // copied by RegisterDeviceRuntime
-    tefl_status_free(RegisterDeviceRuntime(&staging.runtimes[i]));
+    staging.runtimes[i].name = staging.runtime_names[i].c_str();         // copied by RegisterDeviceRuntime
+    if (tefl_status* e = RegisterDeviceRuntime(&staging.runtimes[i])) {  // not expected after the checks above
+      TEFL_LOG(ERROR, "Plugin '{}': device runtime '{}' failed to register after its kernels: {}", report.name,
+               staging.runtime_names[i], tefl_status_message(e));
+      tefl_status_free(e);
+    }
   }
   report.loaded = true;
   report.implementations = int32_t(staging.impls.size());
@@ -267,7 +287,8 @@ Status LoadPlugin(std::string_view name_or_path, OpRegistry& registry) {
   LogReport(r);
   Reports().push_back(r);
   if (r.loaded) return Status::OK();
-  return Status(TEFL_FAILED_PRECONDITION, "plugin '" + r.requested + "' rejected: " + r.error);
+  const int32_t code = r.error.rfind("ABI mismatch", 0) == 0 ? TEFL_ABI_MISMATCH : TEFL_FAILED_PRECONDITION;
+  return Status(code, "plugin '" + r.requested + "' rejected: " + r.error);
 }
 
 void LoadConfiguredPlugins(OpRegistry& registry) {

@@ -253,22 +253,22 @@ bool SelectionPolicy::IsVendorAllowed(std::string_view vendor) const {
 }
 
 std::string SelectionPolicy::Fingerprint() const {
+  // Every name is length-prefixed ("5:acme"), so names holding the separators
+  // cannot make two different policies print the same.
+  auto item = [](const std::string& v) { return std::to_string(v.size()) + ":" + v; };
   std::string s = "prefer=" + prefer_ + ";strict=" + (strict_ ? "1" : "0") + ";deny=";
-  bool first = true;
-  for (const auto& d : deny_) s += (first ? "" : ",") + d, first = false;
+  for (const auto& d : deny_) s += item(d) + ",";
   s += ";allow=";
   if (!allow_) {
     s += "*";
   } else {
-    first = true;
-    for (const auto& a : *allow_) s += (first ? "" : ",") + a, first = false;
+    for (const auto& a : *allow_) s += item(a) + ",";
   }
   s += ";per_op=";
-  first = true;
   for (const auto& [op, tokens] : per_op_) {
-    s += (first ? "" : ";") + op + "=";
-    first = false;
-    for (size_t i = 0; i < tokens.size(); ++i) s += (i ? "|" : "") + tokens[i].ToString();
+    s += item(op) + "=";
+    for (const PolicyToken& t : tokens) s += item(t.ToString()) + "|";
+    s += ";";
   }
   return s;
 }

@@ -60,7 +60,8 @@ OpImpl OpImpl::FromDesc(const tefl_impl_desc& desc, std::string origin) {
   impl.kind = BackendImplKind(d.kind);
   impl.vendor = d.vendor ? d.vendor : "";
   impl.priority = d.priority;
-  impl.device_mask = desc.struct_size > offsetof(tefl_impl_desc, device_mask) ? d.device_mask : TEFL_DEVICE_BIT(kDLCPU);
+  impl.device_mask =
+      desc.struct_size >= TEFL_STRUCT_SIZE(tefl_impl_desc, device_mask) ? d.device_mask : TEFL_DEVICE_BIT(kDLCPU);
   impl.kernel = d.kernel;
   impl.supports = d.supports;
   impl.user_data = d.user_data;

@@ -105,9 +105,10 @@ bool ByteRange(const DLTensor* t, int64_t numel, uintptr_t* lo, uintptr_t* hi) {
     overflow |= __builtin_mul_overflow(t->shape[d] - 1, t->strides[d], &span);
     overflow |= __builtin_add_overflow(span < 0 ? min_off : max_off, span, span < 0 ? &min_off : &max_off);
   }
-  int64_t lo_bits, hi_bits;
+  int64_t lo_bits, hi_bits, end_off;
+  overflow |= __builtin_add_overflow(max_off, int64_t(1), &end_off);
   overflow |= __builtin_mul_overflow(min_off, bits, &lo_bits);
-  overflow |= __builtin_mul_overflow(max_off + 1, bits, &hi_bits);
+  overflow |= __builtin_mul_overflow(end_off, bits, &hi_bits);
   if (overflow || hi_bits > (int64_t(1) << 62)) return false;
   *lo = base + uintptr_t(lo_bits / 8);
   *hi = base + (uintptr_t(hi_bits + 7) >> 3);
@@ -194,6 +195,11 @@ tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key,
       }
       if (!ByteRange(t, numel, &lo[i], &hi[i]))
         return ArgError(op, i, fmt::format("strides of shape {} address beyond 2^62 bytes", ShapeString(t)));
+    }
+    if (unsigned(t->device.device_type) >= unsigned(kMaxDeviceTypes)) {
+      return ArgError(
+          op, i,
+          fmt::format("device type {} is out of range (0..{})", int(t->device.device_type), kMaxDeviceTypes - 1));
     }
     uint64_t dev;
     static_assert(sizeof(DLDevice) == sizeof(dev));
@@ -339,6 +345,10 @@ tefl_status* ValidateCallMemo(const OpSchema& op, const CallArgs& args, SigKey* 
     if (t == nullptr) {
       hit = m.ndim == -1;
       continue;
+    }
+    if (m.ndim == -1) {  // remembered as absent: a present tensor here is a new call
+      hit = false;
+      break;
     }
     uint64_t device, ndim_dtype;
     std::memcpy(&device, &t->device, 8);
