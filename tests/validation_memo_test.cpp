@@ -3,6 +3,7 @@
 // reports ValidateCall's errors.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
 
 #include "core/catalogue.h"
@@ -198,7 +199,8 @@ TEST(ValidationLimits, StrideReachingInt64Max) {
 TEST(ValidationLimits, DeviceTypeOutOfRange) {
   OpManager mgr;
   Tensor x(DType::kF32, {2, 8}), g(DType::kF32, {8}), z(DType::kF32, {2, 8}), rs(DType::kF32, {2});
-  for (Tensor* t : {&x, &g, &z, &rs}) t->dl().device.device_type = DLDeviceType(257);
+  const int32_t bad_type = 257;  // written as a caller from C could (not a DLDeviceType value)
+  for (Tensor* t : {&x, &g, &z, &rs}) std::memcpy(&t->dl().device.device_type, &bad_type, sizeof(bad_type));
   Status s = testing::CallOp(mgr, "rmsnorm_fwd", {&x, &g}, {&z, &rs});
   EXPECT_EQ(s.code(), TEFL_INVALID_ARGUMENT);
   EXPECT_NE(s.message().find("device type 257 is out of range"), std::string::npos) << s.message();

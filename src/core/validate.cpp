@@ -62,6 +62,14 @@ const void* NormalizeAttrsSlow(const OpSchema& op, const void* attrs, void* buff
 
 namespace {
 
+// A DLDevice's type as the caller wrote it: an int, not yet known to be one
+// of DLDeviceType's values (reading it as the enum would be undefined).
+int32_t RawDeviceType(const DLDevice& d) {
+  int32_t v;
+  std::memcpy(&v, &d.device_type, sizeof(v));
+  return v;
+}
+
 bool ExactAlias(const DLTensor* a, const DLTensor* b) {
   if (a->data != b->data || a->byte_offset != b->byte_offset || a->ndim != b->ndim) return false;
   if (a->dtype.code != b->dtype.code || a->dtype.bits != b->dtype.bits || a->dtype.lanes != b->dtype.lanes)
@@ -196,10 +204,8 @@ tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key,
       if (!ByteRange(t, numel, &lo[i], &hi[i]))
         return ArgError(op, i, fmt::format("strides of shape {} address beyond 2^62 bytes", ShapeString(t)));
     }
-    if (unsigned(t->device.device_type) >= unsigned(kMaxDeviceTypes)) {
-      return ArgError(
-          op, i,
-          fmt::format("device type {} is out of range (0..{})", int(t->device.device_type), kMaxDeviceTypes - 1));
+    if (const int32_t type = RawDeviceType(t->device); uint32_t(type) >= uint32_t(kMaxDeviceTypes)) {
+      return ArgError(op, i, fmt::format("device type {} is out of range (0..{})", type, kMaxDeviceTypes - 1));
     }
     uint64_t dev;
     static_assert(sizeof(DLDevice) == sizeof(dev));
@@ -211,8 +217,8 @@ tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key,
     } else if (dev != device_bits) {
       return ArgError(
           op, i,
-          fmt::format("expected device {}:{} (that of {}), got {}:{}", DeviceTypeName(first->device.device_type),
-                      first->device.device_id, ArgLabel(op, first_index), DeviceTypeName(t->device.device_type),
+          fmt::format("expected device {}:{} (that of {}), got {}:{}", DeviceTypeName(RawDeviceType(first->device)),
+                      first->device.device_id, ArgLabel(op, first_index), DeviceTypeName(RawDeviceType(t->device)),
                       t->device.device_id));
     }
     if (!compact && (op.flags & kOpContiguous)) {
@@ -274,7 +280,7 @@ tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key,
       }
     }
   }
-  const int32_t device_type = first ? first->device.device_type : kDLCPU;
+  const int32_t device_type = first ? RawDeviceType(first->device) : kDLCPU;
   key->w[0] = uint64_t(uint32_t(op.id)) | uint64_t(uint32_t(device_type) & 0xFF) << 32 | uint64_t(n) << 40 |
               (in_place ? kSigInPlaceBit : 0);
   key->w[1] = attr_bits;
