@@ -8,62 +8,22 @@
 # tests/plugin_load_check (vendor routing and agreement with the reference).
 set -euo pipefail
 
-if [[ $# -lt 2 || $# -gt 3 ]]; then
-  echo "usage: $0 BINARY_DIR SOURCE_DIR [SANITIZERS]" >&2
-  exit 2
-fi
+# shellcheck source=plugin_test_lib.sh
+source "$(dirname "$0")/plugin_test_lib.sh"
+plugin_test_setup plugin-install "$@"
 # A sanitized libtefl needs its sanitizer runtime first in the consumer program.
 san_flags=""
-if [[ -n "${3:-}" ]]; then san_flags="-fsanitize=$3"; fi
-bin_dir=$(cd "$1" && pwd)
-src_dir=$(cd "$2" && pwd)
+if [[ -n "$sanitizers" ]]; then san_flags="-fsanitize=$sanitizers"; fi
 
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/tefl-plugin-install.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
-prefix="$tmp/prefix"
-plugin_build="$tmp/plugin-build"
-
-step() { printf '\n==== %s\n' "$*"; }
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
-
-step "install $bin_dir into $prefix"
-cmake --install "$bin_dir" --prefix "$prefix"
+install_tefl
 find "$prefix" | sort
-# The library directory (lib, or lib/<multiarch> for a /usr-like layout).
-libtefl=$(find "$prefix" -name 'libtefl.so' | head -n 1)
-[[ -n "$libtefl" ]] || fail "no libtefl.so under $prefix"
-libdir=$(dirname "$libtefl")
-for f in "$prefix/include/tefl/tefl.h" "$prefix/include/tefl/ops.h" "$libdir/cmake/tefl/teflConfig.cmake" \
+for f in "$prefix/include/tefl/ops.h" "$libdir/cmake/tefl/teflConfig.cmake" \
   "$libdir/cmake/tefl/teflConfigVersion.cmake" "$libdir/cmake/tefl/teflTargets.cmake" "$libdir/pkgconfig/tefl.pc"; do
   [[ -f "$f" ]] || fail "not installed: $f"
 done
 [[ -d "$libdir/tefl/plugins" ]] || fail "plugin directory not installed: $libdir/tefl/plugins"
 
-step "configure plugins/example against $prefix"
-# Only the prefix: no package registry, so the build tree cannot be found.
-cmake -S "$src_dir/plugins/example" -B "$plugin_build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF
-tefl_dir=$(sed -n 's/^tefl_DIR:[A-Z]*=//p' "$plugin_build/CMakeCache.txt")
-[[ "$tefl_dir" == "$prefix"/* ]] || fail "plugin build found tefl at '$tefl_dir', not in $prefix"
-echo "tefl_DIR=$tefl_dir"
-
-step "build plugins/example"
-cmake --build "$plugin_build"
-so="$plugin_build/libtefl_plugin_myvendor.so"
-[[ -f "$so" ]] || fail "plugin not built: $so"
-
-step "exported symbols of $(basename "$so")"
-nm -D --defined-only "$so"
-# Absolute (A) symbols are linker bookkeeping (_end, __bss_start...) on old binutils.
-exported=$(nm -D --defined-only "$so" | awk '$2 != "A" { print $3 }' | sort | tr '\n' ' ')
-[[ "$exported" == "tefl_plugin_info tefl_plugin_register " ]] ||
-  fail "the plugin must export exactly tefl_plugin_info and tefl_plugin_register, got: $exported"
-if nm -D --undefined-only "$so" | grep -q ' tefl_'; then
-  fail "the plugin needs libtefl symbols; it should reach the host through the services table only"
-fi
+build_plugin example libtefl_plugin_myvendor.so
 
 step "install the plugin into a staging prefix"
 cmake --install "$plugin_build" --prefix "$tmp/plugin-prefix"

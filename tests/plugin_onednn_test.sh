@@ -18,51 +18,12 @@
 # LeakSanitizer reports oneDNN's process-lifetime allocations).
 set -euo pipefail
 
-if [[ $# -lt 2 || $# -gt 3 ]]; then
-  echo "usage: $0 BINARY_DIR SOURCE_DIR [SANITIZERS]" >&2
-  exit 2
-fi
-sanitizers="${3:-}"
-bin_dir=$(cd "$1" && pwd)
-src_dir=$(cd "$2" && pwd)
+# shellcheck source=plugin_test_lib.sh
+source "$(dirname "$0")/plugin_test_lib.sh"
+plugin_test_setup plugin-onednn "$@"
 
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/tefl-plugin-onednn.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
-prefix="$tmp/prefix"
-plugin_build="$tmp/plugin-build"
-start=$SECONDS
-
-step() { printf '\n==== %s\n' "$*"; }
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
-
-step "install $bin_dir into $prefix"
-cmake --install "$bin_dir" --prefix "$prefix" >/dev/null
-[[ -f "$prefix/include/tefl/tefl.h" ]] || fail "tefl headers not installed under $prefix"
-
-step "configure plugins/onednn against $prefix"
-cmake -S "$src_dir/plugins/onednn" -B "$plugin_build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF ||
-  fail "configuring plugins/onednn failed (is libdnnl-dev installed? scripts/install-deps.sh)"
-tefl_dir=$(sed -n 's/^tefl_DIR:[A-Z]*=//p' "$plugin_build/CMakeCache.txt")
-[[ "$tefl_dir" == "$prefix"/* ]] || fail "plugin build found tefl at '$tefl_dir', not in $prefix"
-echo "tefl_DIR=$tefl_dir"
-
-step "build plugins/onednn"
-cmake --build "$plugin_build" || fail "building plugins/onednn failed"
-so="$plugin_build/libtefl_plugin_onednn.so"
-[[ -f "$so" ]] || fail "plugin not built: $so"
-
-step "exported symbols of $(basename "$so")"
-exported=$(nm -D --defined-only "$so" | awk '$2 != "A" { print $3 }' | sort | tr '\n' ' ')
-echo "$exported"
-[[ "$exported" == "tefl_plugin_info tefl_plugin_register " ]] ||
-  fail "the plugin must export exactly tefl_plugin_info and tefl_plugin_register, got: $exported"
-if nm -D --undefined-only "$so" | grep -q ' tefl_'; then
-  fail "the plugin needs libtefl symbols; it should reach the host through the services table only"
-fi
+install_tefl quiet
+build_plugin onednn libtefl_plugin_onednn.so
 
 if [[ -n "$sanitizers" ]]; then
   step "SKIP the conformance run: sanitized build ($sanitizers) with an uninstrumented oneDNN/OpenMP"
