@@ -5,56 +5,15 @@
 //                      outputs, pinned to one implementation (strict impl:ID)
 // Counters: GB/s = (bytes read + bytes written) / time; pct_of_copy = GB/s as
 // a percentage of BM_Copy's GB/s in this run (copy is measured first).
-#include <benchmark/benchmark.h>
-#include <unistd.h>
-
-#include <cstring>
-#include <memory>
 #include <string>
-#include <vector>
 
-#include "core/dtype.h"
-#include "core/thread_pool.h"
-#include "tefl/tefl.hpp"
+#include "bench_support.h"
 
 namespace {
 
+using tefl::bench::Buffer;
+using tefl::bench::View;
 constexpr int64_t kRows = 8192, kHidden = 4096;
-double g_copy_gbps = 0;
-
-// A 64-byte aligned, zero-filled, page-touched buffer.
-struct Buffer {
-  explicit Buffer(size_t n) : bytes(n), data(static_cast<char*>(std::aligned_alloc(64, (n + 63) / 64 * 64))) {
-    std::memset(data.get(), 0, n);
-  }
-  struct Free {
-    void operator()(char* p) const { std::free(p); }
-  };
-  size_t bytes;
-  std::unique_ptr<char, Free> data;
-};
-
-DLTensor View(Buffer& b, tefl::DType dt, int64_t* shape, int ndim) {
-  DLTensor t{};
-  t.data = b.data.get();
-  t.device = {kDLCPU, 0};
-  t.ndim = ndim;
-  t.dtype = tefl::DLTypeOf(dt);
-  t.shape = shape;
-  return t;
-}
-
-void BM_Copy(benchmark::State& state) {
-  const size_t bytes = size_t(kRows * kHidden) * size_t(state.range(0));
-  Buffer src(bytes), dst(bytes);
-  for (auto _ : state) {
-    tefl::ParallelFor(int64_t(bytes / 4096), 1, [&](int64_t b, int64_t e) {
-      std::memcpy(dst.data.get() + b * 4096, src.data.get() + b * 4096, size_t(e - b) * 4096);
-    });
-    benchmark::ClobberMemory();
-  }
-  state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(2 * bytes));
-}
 
 // Runs `op` pinned to `impl` on [kRows, kHidden] of `dt` (gamma/beta in dt too).
 void BM_Norm(benchmark::State& state, const char* op, tefl::DType dt, const std::string& impl) {
@@ -90,32 +49,11 @@ void BM_Norm(benchmark::State& state, const char* op, tefl::DType dt, const std:
 
 }  // namespace
 
-// Copy runs first (registration order); its rate is read back by a reporter
-// that adds pct_of_copy to every later line.
-class CopyRelativeReporter : public benchmark::ConsoleReporter {
- public:
-  CopyRelativeReporter() : ConsoleReporter(isatty(1) ? OO_Defaults : OO_Tabular) {}
-  void ReportRuns(const std::vector<Run>& runs) override {
-    std::vector<Run> out = runs;
-    for (Run& r : out) {
-      auto it = r.counters.find("bytes_per_second");
-      const double gbps = it != r.counters.end() ? double(it->second) / 1e9 : 0;
-      if (r.run_name.function_name.rfind("BM_Copy", 0) == 0) g_copy_gbps = gbps;
-      if (g_copy_gbps > 0 && gbps > 0) r.counters["pct_of_copy"] = benchmark::Counter(100.0 * gbps / g_copy_gbps);
-    }
-    ConsoleReporter::ReportRuns(out);
-  }
-};
-
 int main(int argc, char** argv) {
   tefl::GetDefaultManager().EnsureInitialized();
   // Per dtype: the copy of x's bytes first, then every op x impl against it.
   for (auto [dt, dname] : {std::pair{tefl::DType::kF32, "fp32"}, std::pair{tefl::DType::kBF16, "bf16"}}) {
-    const std::string copy = std::string("BM_Copy/") + dname + "_bytes";
-    benchmark::RegisterBenchmark(copy.c_str(), BM_Copy)
-        ->Arg(int64_t(tefl::DLTypeOf(dt).bits / 8))
-        ->UseRealTime()
-        ->MinTime(1.0);
+    tefl::bench::RegisterCopy(std::string(dname) + "_bytes", size_t(kRows * kHidden) * tefl::bench::ElemBytes(dt));
     for (const char* op : {"rmsnorm_fwd", "layernorm_fwd"}) {
       // Every CPU implementation registered (plugins from TE_FL_PLUGIN_MODULES
       // included), so a vendor's kernel is measured next to the built-ins.
@@ -126,9 +64,5 @@ int main(int argc, char** argv) {
       }
     }
   }
-  benchmark::Initialize(&argc, argv);
-  CopyRelativeReporter reporter;
-  benchmark::RunSpecifiedBenchmarks(&reporter);
-  benchmark::Shutdown();
-  return 0;
+  return tefl::bench::RunBenchmarks(argc, argv);
 }

@@ -32,53 +32,13 @@ using tefl::testing::Tensor;
 using tefl::testing::Tolerance;
 using tefl::testing::ToleranceFor;
 
-constexpr const char* kReference = "reference.cpp";
-// Built-in implementations: they must serve every call of this file. Any
-// other implementation may decline a call (TEFL_UNSUPPORTED is part of the
-// contract); a decline is reported, never counted as a pass of the numerics.
-const char* const kMustServe[] = {"reference.cpp", "default.portable"};
+constexpr const char* kReference = tefl::testing::kReferenceImpl;
 constexpr double kSentinel = -31337.0;  // outputs start as this
 constexpr float kEps = 1e-5f;
-
-bool MustServe(const std::string& id) {
-  return std::find_if(std::begin(kMustServe), std::end(kMustServe), [&](const char* m) { return id == m; }) !=
-         std::end(kMustServe);
-}
-
-// ---- Running one implementation --------------------------------------------
-Status RunImplDL(const std::string& op, const std::string& impl_id, const std::vector<const DLTensor*>& in,
-                 const std::vector<DLTensor*>& out, const void* attrs) {
-  tefl::SelectionPolicy policy;
-  const Status made =
-      tefl::SelectionPolicy::Make("flagos", /*strict=*/true, {{op, {"impl:" + impl_id}}}, {}, std::nullopt, &policy);
-  if (!made.ok()) return made;
-  tefl::PolicyContext ctx(policy);
-  tefl::OpManager& mgr = tefl::GetDefaultManager();
-  const Status s = mgr.Call(op, in, out, attrs);
-  if (s.ok() && mgr.GetSelectedImplId(op) != impl_id)
-    return Status(TEFL_INTERNAL, fmt::format("ran '{}' instead of '{}'", mgr.GetSelectedImplId(op), impl_id));
-  return s;
-}
-
-Status RunImpl(const std::string& op, const std::string& impl_id, const std::vector<Tensor*>& in,
-               const std::vector<Tensor*>& out, const void* attrs) {
-  std::vector<const DLTensor*> din;
-  std::vector<DLTensor*> dout;
-  for (Tensor* t : in) din.push_back(t->ptr());
-  for (Tensor* t : out) dout.push_back(t->ptr());
-  return RunImplDL(op, impl_id, din, dout, attrs);
-}
-
-// The CPU implementations of `op` (an implementation for other devices only
-// cannot take these host tensors).
-std::vector<std::string> CpuImplementations(const std::string& op) {
-  tefl::OpManager& mgr = tefl::GetDefaultManager();
-  mgr.EnsureInitialized();  // registers the built-ins
-  std::vector<std::string> ids;
-  for (const tefl::OpImpl& impl : mgr.registry().GetImplementations(op))
-    if (impl.device_mask & TEFL_DEVICE_BIT(kDLCPU)) ids.push_back(impl.impl_id);
-  return ids;
-}
+using tefl::testing::CpuImplementations;
+using tefl::testing::MustServe;
+using tefl::testing::RunImpl;
+using tefl::testing::RunImplDL;
 
 bool IsFwd(const std::string& op) { return op == "layernorm_fwd" || op == "rmsnorm_fwd"; }
 bool IsLayerNorm(const std::string& op) { return op.rfind("layernorm", 0) == 0; }
@@ -212,7 +172,7 @@ void CheckAllImplementations(Problem& p, const ExtraCheck& check = nullptr) {
     if (check) check(kReference, ref);
   }
   const std::vector<std::string> impls = CpuImplementations(p.op);
-  for (const char* must : kMustServe)
+  for (const char* must : tefl::testing::kMustServeImpls)
     EXPECT_NE(std::find(impls.begin(), impls.end(), must), impls.end()) << must << " is not registered";
   for (const std::string& impl : impls) {
     SCOPED_TRACE("impl " + impl);
@@ -525,7 +485,7 @@ TEST(NormConformanceSpecial, ImplementationsCovered) {
     std::string list;
     for (const std::string& id : ids) list += (list.empty() ? "" : ", ") + id;
     std::printf("[  NOTE    ] %s: %s\n", op, list.c_str());
-    for (const char* must : kMustServe)
+    for (const char* must : tefl::testing::kMustServeImpls)
       EXPECT_NE(std::find(ids.begin(), ids.end(), must), ids.end()) << op << " lacks " << must;
   }
 }

@@ -169,4 +169,38 @@ Status CallOp(OpManager& manager, const char* op, std::vector<Tensor*> inputs, s
   return manager.Call(op, in, out, attrs);
 }
 
+bool MustServe(const std::string& impl_id) { return impl_id == "reference.cpp" || impl_id == "default.portable"; }
+
+Status RunImplDL(const std::string& op, const std::string& impl_id, const std::vector<const DLTensor*>& in,
+                 const std::vector<DLTensor*>& out, const void* attrs) {
+  SelectionPolicy policy;
+  const Status made =
+      SelectionPolicy::Make("flagos", /*strict=*/true, {{op, {"impl:" + impl_id}}}, {}, std::nullopt, &policy);
+  if (!made.ok()) return made;
+  PolicyContext ctx(policy);
+  OpManager& mgr = GetDefaultManager();
+  const Status s = mgr.Call(op, in, out, attrs);
+  if (s.ok() && mgr.GetSelectedImplId(op) != impl_id)
+    return Status(TEFL_INTERNAL, fmt::format("ran '{}' instead of '{}'", mgr.GetSelectedImplId(op), impl_id));
+  return s;
+}
+
+Status RunImpl(const std::string& op, const std::string& impl_id, const std::vector<Tensor*>& in,
+               const std::vector<Tensor*>& out, const void* attrs) {
+  std::vector<const DLTensor*> din;
+  std::vector<DLTensor*> dout;
+  for (Tensor* t : in) din.push_back(t->ptr());
+  for (Tensor* t : out) dout.push_back(t->ptr());
+  return RunImplDL(op, impl_id, din, dout, attrs);
+}
+
+std::vector<std::string> CpuImplementations(const std::string& op) {
+  OpManager& mgr = GetDefaultManager();
+  mgr.EnsureInitialized();  // registers the built-ins
+  std::vector<std::string> ids;
+  for (const OpImpl& impl : mgr.registry().GetImplementations(op))
+    if (impl.device_mask & TEFL_DEVICE_BIT(kDLCPU)) ids.push_back(impl.impl_id);
+  return ids;
+}
+
 }  // namespace tefl::testing

@@ -89,6 +89,25 @@ SelectionPolicy::EnvLookup EnvFrom(std::vector<std::pair<std::string, std::strin
 Status CallOp(OpManager& manager, const char* op, std::vector<Tensor*> inputs, std::vector<Tensor*> outputs,
               const void* attrs = nullptr);
 
+// ---- Conformance helpers (every op family's suite uses these) -------------
+constexpr const char* kReferenceImpl = "reference.cpp";
+// Built-in implementations that must serve every call of a conformance suite.
+// Any other implementation may decline a call (TEFL_UNSUPPORTED is part of
+// the contract); a decline is reported, never counted as a pass.
+inline constexpr const char* kMustServeImpls[] = {"reference.cpp", "default.portable"};
+bool MustServe(const std::string& impl_id);
+
+// Runs `op` on exactly `impl_id` (a strict policy whose per-op order is just
+// "impl:<id>"): the call runs that implementation or fails.
+Status RunImplDL(const std::string& op, const std::string& impl_id, const std::vector<const DLTensor*>& in,
+                 const std::vector<DLTensor*>& out, const void* attrs);
+Status RunImpl(const std::string& op, const std::string& impl_id, const std::vector<Tensor*>& in,
+               const std::vector<Tensor*>& out, const void* attrs);
+
+// The registered implementations of `op` that run on the CPU (plugins loaded
+// from TE_FL_PLUGIN_MODULES included).
+std::vector<std::string> CpuImplementations(const std::string& op);
+
 }  // namespace tefl::testing
 
 #endif  // TEFL_TESTS_TEST_SUPPORT_H_

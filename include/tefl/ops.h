@@ -35,7 +35,73 @@ typedef enum tefl_op_id_value {
   /* alias rope_bwd: in (output_grads, freqs, start_positions?, cu_seqlens?)
    * -> out (input_grads) */
   TEFL_OP_FUSED_ROPE_BACKWARD = 6,
-  TEFL_OP_COUNT_ = 7 /* grows as op families land; not part of the ABI */
+
+  /* Activations (x: [N.., H]). Forward: in (input) -> out (output like input). */
+  TEFL_OP_GELU = 7,
+  TEFL_OP_QGELU = 8,
+  TEFL_OP_RELU = 9,
+  TEFL_OP_SRELU = 10,
+  TEFL_OP_SILU = 11,
+  /* Backward: in (grad like input, input) -> out (dinput like input). */
+  TEFL_OP_DGELU = 12,
+  TEFL_OP_DQGELU = 13,
+  TEFL_OP_DRELU = 14,
+  TEFL_OP_DSRELU = 15,
+  TEFL_OP_DSILU = 16,
+  /* Gated forward: in (input[N.., 2H]) -> out (output[N.., H]),
+   * output = act(input[.., :H]) * input[.., H:]. */
+  TEFL_OP_GLU = 17,
+  TEFL_OP_GEGLU = 18,
+  TEFL_OP_QGEGLU = 19,
+  TEFL_OP_REGLU = 20,
+  TEFL_OP_SREGLU = 21,
+  TEFL_OP_SWIGLU = 22,
+  TEFL_OP_CLAMPED_SWIGLU = 23, /* attrs tefl_clamped_swiglu_attrs */
+  /* Gated backward: in (grad[N.., H], input[N.., 2H]) -> out (dinput[N.., 2H]). */
+  TEFL_OP_DGLU = 24,
+  TEFL_OP_DGEGLU = 25,
+  TEFL_OP_DQGEGLU = 26,
+  TEFL_OP_DREGLU = 27,
+  TEFL_OP_DSREGLU = 28,
+  TEFL_OP_DSWIGLU = 29,
+  TEFL_OP_CLAMPED_DSWIGLU = 30, /* attrs tefl_clamped_swiglu_attrs */
+  /* in (grad, input) -> out (dinput, dbias[H] = column sums of dinput). */
+  TEFL_OP_DBIAS_DGELU = 31,
+  TEFL_OP_DBIAS_DSILU = 32,
+  TEFL_OP_DBIAS_DRELU = 33,
+  TEFL_OP_DBIAS_DQGELU = 34,
+  TEFL_OP_DBIAS_DSRELU = 35,
+
+  /* Softmax over the last dim of scale * input; attrs tefl_softmax_attrs.
+   * Forward: in (input[b, h, sq, sk]) -> out (softmax_results). */
+  TEFL_OP_SCALED_SOFTMAX_FORWARD = 36,
+  /* Every backward: in (output_grads, softmax_results) -> out (input_grads). */
+  TEFL_OP_SCALED_SOFTMAX_BACKWARD = 37,
+  /* in (input[b, h, sq, sk], mask uint8 [b or 1, 1, sq, sk], 1 = masked) */
+  TEFL_OP_SCALED_MASKED_SOFTMAX_FORWARD = 38,
+  TEFL_OP_SCALED_MASKED_SOFTMAX_BACKWARD = 39,
+  /* in (input[attn_batches, sq, sq]); column j kept iff j <= i */
+  TEFL_OP_SCALED_UPPER_TRIANG_MASKED_SOFTMAX_FORWARD = 40,
+  TEFL_OP_SCALED_UPPER_TRIANG_MASKED_SOFTMAX_BACKWARD = 41,
+  /* in (input[b, h, sq, sk]); bottom-right causal: j kept iff j < i + sk - sq + 1 */
+  TEFL_OP_SCALED_ALIGNED_CAUSAL_MASKED_SOFTMAX_FORWARD = 42,
+  TEFL_OP_SCALED_ALIGNED_CAUSAL_MASKED_SOFTMAX_BACKWARD = 43,
+
+  /* RoPE on the q and k parts of a combined qkv tensor; attrs
+   * tefl_qkv_rope_attrs. in (qkv, q_freqs, k_freqs, start_positions?)
+   * -> out (q, k, v) */
+  TEFL_OP_FUSED_QKV_ROPE_FORWARD = 44,
+  /* in (q_grads, k_grads, v_grads, q_freqs, k_freqs, start_positions?)
+   * -> out (qkv_grads) */
+  TEFL_OP_FUSED_QKV_ROPE_BACKWARD = 45,
+
+  /* Dropout; attrs tefl_dropout_attrs. in (input) -> out (output, mask
+   * uint8 like input, 1 = kept); output = input * mask / (1 - p). */
+  TEFL_OP_DROPOUT_FWD = 46,
+  /* in (grad_output, mask) -> out (grad_input = grad_output * mask / (1 - p)) */
+  TEFL_OP_DROPOUT_BWD = 47,
+
+  TEFL_OP_COUNT_ = 48 /* grows as op families land; not part of the ABI */
 } tefl_op_id_value;
 
 /* layernorm_fwd and rmsnorm_fwd. Defaults: eps 1e-5, zero_centered_gamma 0,
@@ -85,6 +151,62 @@ TEFL_STATIC_ASSERT(offsetof(tefl_rope_attrs, interleaved) == 12, "append-only");
 TEFL_STATIC_ASSERT(offsetof(tefl_rope_attrs, cp_size) == 16, "append-only");
 TEFL_STATIC_ASSERT(offsetof(tefl_rope_attrs, cp_rank) == 20, "append-only");
 #define TEFL_ROPE_ATTRS_STRUCT_SIZE TEFL_STRUCT_SIZE(tefl_rope_attrs, cp_rank)
+
+/* fused_qkv_rope_forward / fused_qkv_rope_backward. qkv is [s, b, h, q_split
+ * + k_split + v_split] (sbhd; bshd: [b, s, h, ...]); along the last dim each
+ * of the h groups holds q_split/d q heads, then k_split/d k heads, then
+ * v_split/d v heads, d = the head dim (that of q, k and v outputs). Defaults:
+ * as tefl_rope_attrs; the three splits must be set (> 0, multiples of d). */
+typedef struct tefl_qkv_rope_attrs {
+  size_t struct_size;
+  int32_t qkv_format; /* sbhd or bshd (thd is not supported by TE either) */
+  int32_t interleaved;
+  int32_t cp_size;
+  int32_t cp_rank;
+  int32_t q_split;
+  int32_t k_split;
+  int32_t v_split;
+} tefl_qkv_rope_attrs;
+TEFL_STATIC_ASSERT(offsetof(tefl_qkv_rope_attrs, qkv_format) == 8, "append-only");
+TEFL_STATIC_ASSERT(offsetof(tefl_qkv_rope_attrs, cp_rank) == 20, "append-only");
+TEFL_STATIC_ASSERT(offsetof(tefl_qkv_rope_attrs, v_split) == 32, "append-only");
+#define TEFL_QKV_ROPE_ATTRS_STRUCT_SIZE TEFL_STRUCT_SIZE(tefl_qkv_rope_attrs, v_split)
+
+/* clamped_swiglu / clamped_dswiglu. Defaults: limit 7.0, alpha 1.702.
+ * a = min(x[.., :H], limit); b = clamp(x[.., H:], -limit, limit) + 1;
+ * out = a * sigmoid(alpha * a) * b. */
+typedef struct tefl_clamped_swiglu_attrs {
+  size_t struct_size;
+  float limit;
+  float alpha;
+} tefl_clamped_swiglu_attrs;
+TEFL_STATIC_ASSERT(offsetof(tefl_clamped_swiglu_attrs, limit) == 8, "append-only");
+TEFL_STATIC_ASSERT(offsetof(tefl_clamped_swiglu_attrs, alpha) == 12, "append-only");
+#define TEFL_CLAMPED_SWIGLU_ATTRS_STRUCT_SIZE TEFL_STRUCT_SIZE(tefl_clamped_swiglu_attrs, alpha)
+
+/* Every scaled_*softmax_forward/backward. Default scale 1.0. */
+typedef struct tefl_softmax_attrs {
+  size_t struct_size;
+  float scale;
+} tefl_softmax_attrs;
+TEFL_STATIC_ASSERT(offsetof(tefl_softmax_attrs, scale) == 8, "append-only");
+#define TEFL_SOFTMAX_ATTRS_STRUCT_SIZE TEFL_STRUCT_SIZE(tefl_softmax_attrs, scale)
+
+/* dropout_fwd / dropout_bwd. Defaults: p 0.1, seed 0, offset 0. The keep mask
+ * of element i is a pure function of (seed, offset, i): Philox-4x32-10 with
+ * key seed and counter (offset, i / 4), word i % 4; kept iff the word is
+ * >= p * 2^32. The same (seed, offset) gives the same mask on any thread
+ * count and in any implementation. */
+typedef struct tefl_dropout_attrs {
+  size_t struct_size;
+  uint64_t seed;
+  uint64_t offset;
+  float p; /* drop probability, in [0, 1) */
+} tefl_dropout_attrs;
+TEFL_STATIC_ASSERT(offsetof(tefl_dropout_attrs, seed) == 8, "append-only");
+TEFL_STATIC_ASSERT(offsetof(tefl_dropout_attrs, offset) == 16, "append-only");
+TEFL_STATIC_ASSERT(offsetof(tefl_dropout_attrs, p) == 24, "append-only");
+#define TEFL_DROPOUT_ATTRS_STRUCT_SIZE TEFL_STRUCT_SIZE(tefl_dropout_attrs, p)
 
 #ifdef __cplusplus
 } /* extern "C" */

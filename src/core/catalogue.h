@@ -22,7 +22,8 @@ struct ArgSchema {
   const char* shape;  // documentation, e.g. "[N..., H]"
 };
 
-enum class AttrType : uint8_t { kF32, kI32, kBool };
+// kU64: any value (seeds, offsets); no range check, never in the signature.
+enum class AttrType : uint8_t { kF32, kI32, kBool, kU64 };
 
 struct AttrSchema {
   const char* name;
@@ -99,6 +100,9 @@ const OpSchema* FindOp(std::string_view name);
 // Per family (one file each).
 std::span<const OpSchema> NormalizationSchemas();
 std::span<const OpSchema> RopeSchemas();
+std::span<const OpSchema> ActivationSchemas();
+std::span<const OpSchema> SoftmaxSchemas();
+std::span<const OpSchema> DropoutSchemas();
 
 }  // namespace tefl
 

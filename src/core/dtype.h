@@ -200,6 +200,11 @@ inline float LoadAsFloat(const void* base, int64_t i, DType t) {
       return BF16ToFloat(static_cast<const uint16_t*>(base)[i]);
     case DType::kF64:
       return float(static_cast<const double*>(base)[i]);
+    case DType::kU8:
+    case DType::kBool:
+      return float(static_cast<const uint8_t*>(base)[i]);
+    case DType::kI32:
+      return float(static_cast<const int32_t*>(base)[i]);
     default:
       return __builtin_nanf("");
   }
@@ -218,6 +223,13 @@ inline void StoreFromFloat(void* base, int64_t i, DType t, float v) {
     case DType::kF64:
       static_cast<double*>(base)[i] = double(v);
       break;
+    case DType::kU8:  // integer types: tests and masks; v must be in range
+    case DType::kBool:
+      static_cast<uint8_t*>(base)[i] = uint8_t(v);
+      break;
+    case DType::kI32:
+      static_cast<int32_t*>(base)[i] = int32_t(v);
+      break;
     default:
       break;
   }
@@ -227,6 +239,10 @@ inline void StoreFromFloat(void* base, int64_t i, DType t, float v) {
 inline void StoreFromDouble(void* base, int64_t i, DType t, double v) {
   if (t == DType::kF64) {
     static_cast<double*>(base)[i] = v;
+    return;
+  }
+  if (t == DType::kI32) {
+    static_cast<int32_t*>(base)[i] = int32_t(v);
     return;
   }
   StoreFromFloat(base, i, t, float(v));

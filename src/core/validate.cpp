@@ -238,6 +238,7 @@ tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key,
   int shift = 0;
   for (const AttrSchema& at : op.attrs) {
     const char* p = static_cast<const char*>(args.attrs) + at.offset;
+    if (at.type == AttrType::kU64) continue;  // every value is valid
     double v;
     int64_t iv = 0;
     if (at.type == AttrType::kF32) {

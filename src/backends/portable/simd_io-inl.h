@@ -1,0 +1,172 @@
+// default.portable: fp32/bf16/fp16 element access shared by every Highway
+// kernel file (Highway's per-target "-inl.h" pattern: include it after
+// <hwy/highway.h> inside a foreach_target.h translation unit; it re-expands
+// once per target).
+//
+// Contract: loads widen exactly; stores round once to nearest even (NaN
+// stays NaN, with its quiet bit set); Stream* need addresses aligned to the
+// stored vector's size.
+#if defined(TEFL_BACKENDS_PORTABLE_SIMD_IO_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef TEFL_BACKENDS_PORTABLE_SIMD_IO_INL_H_
+#undef TEFL_BACKENDS_PORTABLE_SIMD_IO_INL_H_
+#else
+#define TEFL_BACKENDS_PORTABLE_SIMD_IO_INL_H_
+#endif
+
+#include <hwy/highway.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "core/dtype.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace tefl::backends::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Highway 1.0.3 converts fp16 <-> fp32 exactly only with F16C (x86 AVX2 and
+// up). Its software fallback truncates and maps inf/NaN to finite values, so
+// the other targets go through dtype.h's scalar conversions.
+#undef TEFL_NATIVE_F16
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2 && !defined(HWY_DISABLE_F16C)
+#define TEFL_NATIVE_F16 1
+#else
+#define TEFL_NATIVE_F16 0
+#endif
+
+using hwy::bfloat16_t;
+using hwy::float16_t;
+
+// ---- Scalar element access (tails; fp16 on targets without F16C) ----------
+inline float ScalarLoad(const float* p) { return *p; }
+inline float ScalarLoad(const bfloat16_t* p) {
+  uint16_t b;
+  std::memcpy(&b, p, 2);
+  return BF16ToFloat(b);
+}
+inline float ScalarLoad(const float16_t* p) {
+  uint16_t b;
+  std::memcpy(&b, p, 2);
+  return F16ToFloat(b);
+}
+inline void ScalarStore(float v, float* p) { *p = v; }
+inline void ScalarStore(float v, bfloat16_t* p) {
+  const uint16_t b = FloatToBF16(v);
+  std::memcpy(p, &b, 2);
+}
+inline void ScalarStore(float v, float16_t* p) {
+  const uint16_t b = FloatToF16(v);
+  std::memcpy(p, &b, 2);
+}
+
+// ---- Vector loads: Lanes(df) elements of any float dtype as fp32 ----------
+template <class DF>
+HWY_INLINE hn::Vec<DF> LoadF(DF df, const float* HWY_RESTRICT p) {
+  return hn::LoadU(df, p);
+}
+template <class DF>
+HWY_INLINE hn::Vec<DF> LoadF(DF df, const bfloat16_t* HWY_RESTRICT p) {
+  const hn::Rebind<bfloat16_t, DF> dbf;
+  return hn::PromoteTo(df, hn::LoadU(dbf, p));  // exact: a shift
+}
+template <class DF>
+HWY_INLINE hn::Vec<DF> LoadF(DF df, const float16_t* HWY_RESTRICT p) {
+#if TEFL_NATIVE_F16
+  const hn::Rebind<float16_t, DF> dh;
+  return hn::PromoteTo(df, hn::LoadU(dh, p));
+#else
+  HWY_ALIGN float buf[hn::MaxLanes(df)];
+  for (size_t i = 0; i < hn::Lanes(df); ++i) buf[i] = ScalarLoad(p + i);
+  return hn::Load(df, buf);
+#endif
+}
+
+// ---- Vector stores: fp32 lanes rounded once to the destination dtype ------
+template <class DF>
+HWY_INLINE void StoreF(hn::Vec<DF> v, DF df, float* HWY_RESTRICT p) {
+  hn::StoreU(v, df, p);
+}
+
+// bf16 round to nearest even by hand (Highway 1.0.3's DemoteTo truncates):
+// returns the fp32 bits with the rounded bf16 in the upper half, i.e.
+// bits + 0x7FFF + lsb; a NaN keeps its payload with the quiet bit set (the
+// bias could carry a NaN into the sign bit).
+template <class DF>
+HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> RoundBF16Hi(hn::Vec<DF> v, DF df) {
+  const hn::RebindToUnsigned<DF> du;
+  const auto bits = hn::BitCast(du, v);
+  const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
+  const auto rounded = hn::Add(bits, hn::Add(hn::Set(du, 0x7FFFu), lsb));
+  const auto quiet_nan = hn::Or(bits, hn::Set(du, 0x00400000u));
+  return hn::IfThenElse(hn::RebindMask(du, hn::Ne(v, v)), quiet_nan, rounded);
+}
+// One vector's bf16 bits, narrowed: the upper halves fit in [0, 65535], so
+// the saturating int32 -> uint16 demotion is exact.
+template <class DF>
+HWY_INLINE hn::Vec<hn::Rebind<uint16_t, DF>> RoundToBF16Bits(hn::Vec<DF> v, DF df) {
+  const hn::RebindToSigned<DF> di;
+  const hn::Rebind<uint16_t, DF> du16;
+  return hn::DemoteTo(du16, hn::BitCast(di, hn::ShiftRight<16>(RoundBF16Hi(v, df))));
+}
+#if HWY_TARGET != HWY_SCALAR
+// Two vectors' bf16 bits as one full vector: the odd u16 lanes are the upper
+// halves, so one ConcatOdd replaces two shifts and demotions.
+template <class DF>
+HWY_INLINE hn::Vec<hn::Repartition<uint16_t, DF>> RoundToBF16Bits2(hn::Vec<DF> v0, hn::Vec<DF> v1, DF df) {
+  const hn::Repartition<uint16_t, DF> du16;
+  return hn::ConcatOdd(du16, hn::BitCast(du16, RoundBF16Hi(v1, df)), hn::BitCast(du16, RoundBF16Hi(v0, df)));
+}
+#endif
+
+template <class DF>
+HWY_INLINE void StoreF(hn::Vec<DF> v, DF df, bfloat16_t* HWY_RESTRICT p) {
+  const hn::Rebind<uint16_t, DF> du16;
+  hn::StoreU(RoundToBF16Bits(v, df), du16, reinterpret_cast<uint16_t*>(p));
+}
+template <class DF>
+HWY_INLINE void StoreF(hn::Vec<DF> v, DF df, float16_t* HWY_RESTRICT p) {
+#if TEFL_NATIVE_F16
+  const hn::Rebind<float16_t, DF> dh;  // F16C vcvtps2ph: nearest even
+  hn::StoreU(hn::DemoteTo(dh, v), dh, p);
+#else
+  HWY_ALIGN float buf[hn::MaxLanes(df)];
+  hn::Store(v, df, buf);
+  for (size_t i = 0; i < hn::Lanes(df); ++i) ScalarStore(buf[i], p + i);
+#endif
+}
+
+// Already-encoded 16-bit lanes (the bf16 pair path).
+template <class D16>
+HWY_INLINE void StoreF(hn::Vec<D16> bits, D16 d16, uint16_t* HWY_RESTRICT p) {
+  hn::StoreU(bits, d16, p);
+}
+
+// Non-temporal variants; p must be aligned to the stored vector's size.
+template <class D16>
+HWY_INLINE void StreamF(hn::Vec<D16> bits, D16 d16, uint16_t* HWY_RESTRICT p) {
+  hn::Stream(bits, d16, p);
+}
+template <class DF>
+HWY_INLINE void StreamF(hn::Vec<DF> v, DF df, float* HWY_RESTRICT p) {
+  hn::Stream(v, df, p);
+}
+template <class DF>
+HWY_INLINE void StreamF(hn::Vec<DF> v, DF df, bfloat16_t* HWY_RESTRICT p) {
+  const hn::Rebind<uint16_t, DF> du16;
+  hn::Stream(RoundToBF16Bits(v, df), du16, reinterpret_cast<uint16_t*>(p));
+}
+template <class DF>
+HWY_INLINE void StreamF(hn::Vec<DF> v, DF df, float16_t* HWY_RESTRICT p) {
+#if TEFL_NATIVE_F16
+  const hn::Rebind<uint16_t, DF> du16;
+  const hn::Rebind<float16_t, DF> dh;
+  hn::Stream(hn::BitCast(du16, hn::DemoteTo(dh, v)), du16, reinterpret_cast<uint16_t*>(p));
+#else
+  StoreF(v, df, p);
+#endif
+}
+
+}  // namespace tefl::backends::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // TEFL_BACKENDS_PORTABLE_SIMD_IO_INL_H_
