@@ -11,9 +11,17 @@ namespace tefl::backends {
 
 // reference.cpp: scalar C++, double accumulation; the oracle.
 tefl_status* RegisterReferenceNormalization(const tefl_registrar& registrar);
+tefl_status* RegisterReferenceActivation(const tefl_registrar& registrar);
+tefl_status* RegisterReferenceSoftmax(const tefl_registrar& registrar);
+tefl_status* RegisterReferenceRope(const tefl_registrar& registrar);
+tefl_status* RegisterReferenceDropout(const tefl_registrar& registrar);
 
 // default.portable: Highway (runtime ISA dispatch) + the host thread pool.
 tefl_status* RegisterPortableNormalization(const tefl_registrar& registrar);
+tefl_status* RegisterPortableActivation(const tefl_registrar& registrar);
+tefl_status* RegisterPortableSoftmax(const tefl_registrar& registrar);
+tefl_status* RegisterPortableRope(const tefl_registrar& registrar);
+tefl_status* RegisterPortableDropout(const tefl_registrar& registrar);
 
 // Every in-tree backend, in a fixed order.
 tefl_status* RegisterBuiltinBackends(const tefl_registrar& registrar);

@@ -7,8 +7,10 @@ namespace tefl::backends {
 tefl_status* RegisterBuiltinBackends(const tefl_registrar& registrar) {
   using RegisterFn = tefl_status* (*)(const tefl_registrar&);
   static constexpr RegisterFn kFamilies[] = {
-      RegisterReferenceNormalization,
-      RegisterPortableNormalization,
+      RegisterReferenceNormalization, RegisterPortableNormalization, RegisterReferenceActivation,
+      RegisterPortableActivation,     RegisterReferenceSoftmax,      RegisterPortableSoftmax,
+      RegisterReferenceRope,          RegisterPortableRope,          RegisterReferenceDropout,
+      RegisterPortableDropout,
   };
   for (RegisterFn fn : kFamilies) {
     if (tefl_status* s = fn(registrar)) return s;

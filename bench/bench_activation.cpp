@@ -1,0 +1,2 @@
+// SCAFFOLD (to be replaced by the activation family).
+int main() { return 0; }
