@@ -3,13 +3,10 @@
 #
 # The oneDNN vendor plugin end to end: install the built tree into a
 # temporary prefix, build plugins/onednn against that prefix and the system
-# oneDNN, check its exported symbols, then run the normalization conformance
-# suite (tests/conformance_normalization_test) with the plugin loaded. The
-# suite enumerates every registered implementation, so vendor.onednn is
-# compared with reference.cpp under TransformerEngine's tolerances; this
-# script also checks from the suite's output that vendor.onednn was listed
-# and actually executed layernorm_fwd and layernorm_bwd in float32 and
-# bfloat16.
+# oneDNN, check its exported symbols, then run the conformance suites of the
+# families it serves (normalization, activation, softmax) with the plugin
+# loaded, and check from their output that vendor.onednn actually executed
+# each of its ops in float32 and bfloat16 and never ran a float16 call.
 #
 # Sanitized builds (third argument non-empty): the plugin is still built and
 # its symbols checked, but the conformance run is skipped: a sanitized
@@ -31,34 +28,43 @@ if [[ -n "$sanitizers" ]]; then
   exit 0
 fi
 
-step "conformance_normalization_test with the plugin loaded"
-conf="$bin_dir/tests/conformance_normalization_test"
-[[ -x "$conf" ]] || fail "$conf is missing: build the conformance_normalization_test target first"
-log="$tmp/conformance.log"
-rc=0
-TE_FL_PLUGIN_MODULES="$so" TE_FL_VERBOSE=exec "$conf" >"$log" 2>&1 || rc=$?
-grep -E '^\[ *(PASSED|FAILED) *\]|^\[  NOTE    \] layernorm_(fwd|bwd): |Loaded plugin|^\[TE-FL .*Plugin .* rejected' "$log" || true
-if ((rc != 0)); then
-  grep -B2 -A12 'Failure' "$log" | head -n 80 >&2 || true
-  fail "conformance_normalization_test failed with the oneDNN plugin loaded (exit $rc)"
-fi
-grep -q "Loaded plugin 'onednn'" "$log" || fail "the plugin was not loaded (no \"Loaded plugin 'onednn'\" line)"
+# Each family's conformance suite with the plugin loaded. The suites enumerate
+# every registered implementation, so vendor.onednn is compared with
+# reference.cpp under TransformerEngine's tolerances.
+declare -A suite_ops=(
+  [normalization]="layernorm_fwd layernorm_bwd"
+  [activation]="gelu dgelu silu dsilu qgelu dqgelu relu drelu"
+  [softmax]="scaled_softmax_forward scaled_softmax_backward"
+)
+for family in normalization activation softmax; do
+  step "conformance_${family}_test with the plugin loaded"
+  conf="$bin_dir/tests/conformance_${family}_test"
+  [[ -x "$conf" ]] || fail "$conf is missing: build the conformance_${family}_test target first"
+  log="$tmp/conformance_${family}.log"
+  rc=0
+  TE_FL_PLUGIN_MODULES="$so" TE_FL_VERBOSE=exec "$conf" >"$log" 2>&1 || rc=$?
+  grep -E '^\[ *(PASSED|FAILED) *\]|Loaded plugin|^\[TE-FL .*Plugin .* rejected' "$log" || true
+  if ((rc != 0)); then
+    grep -B2 -A12 'Failure' "$log" | head -n 80 >&2 || true
+    fail "conformance_${family}_test failed with the oneDNN plugin loaded (exit $rc)"
+  fi
+  grep -q "Loaded plugin 'onednn'" "$log" || fail "the plugin was not loaded (no \"Loaded plugin 'onednn'\" line)"
 
-step "vendor.onednn coverage"
-for op in layernorm_fwd layernorm_bwd; do
-  grep -Eq "^\[  NOTE    \] $op: .*vendor\.onednn" "$log" ||
-    fail "ImplementationsCovered does not list vendor.onednn for $op"
-  for dt in float32 bfloat16; do
-    n=$(grep -Ec "^tefl_verbose,exec,$op,vendor\.onednn,x:$dt|^tefl_verbose,exec,$op,vendor\.onednn,dz:$dt" "$log" || true)
-    echo "$op $dt: $n call(s) executed by vendor.onednn"
-    ((n > 0)) || fail "vendor.onednn never executed $op in $dt"
+  # Coverage: vendor.onednn executed each of its ops in float32 and bfloat16
+  # (the first argument of the exec line carries the call's dtype).
+  for op in ${suite_ops[$family]}; do
+    for dt in float32 bfloat16; do
+      n=$(grep -Ec "^tefl_verbose,exec,$op,vendor\.onednn,[a-z_]+:$dt" "$log" || true)
+      echo "$op $dt: $n call(s) executed by vendor.onednn"
+      ((n > 0)) || fail "vendor.onednn never executed $op in $dt"
+    done
+    declined=$(grep -c "vendor.onednn declined $op" "$log" || true)
+    echo "$op: $declined case(s) declined by vendor.onednn"
+    # float16 must be declined by supports(), never run.
+    if grep -Eq "^tefl_verbose,exec,$op,vendor\.onednn,[a-z_]+:float16" "$log"; then
+      fail "vendor.onednn ran a float16 $op call; oneDNN 2.6 has no float16 CPU implementation"
+    fi
   done
-  declined=$(grep -c "vendor.onednn declined $op" "$log" || true)
-  echo "$op: $declined case(s) declined by vendor.onednn (float16, mixed dtypes, fp32-unsafe data)"
 done
-# float16 must be declined by supports(), never run.
-if grep -Eq '^tefl_verbose,exec,layernorm_(fwd|bwd),vendor\.onednn,(x|dz):float16' "$log"; then
-  fail "vendor.onednn ran a float16 call; oneDNN 2.6 has no float16 CPU layer normalization"
-fi
 
 step "PASS in $((SECONDS - start)) s"
