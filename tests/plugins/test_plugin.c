@@ -38,7 +38,11 @@ __attribute__((unused)) static tefl_status* RmsNorm(const tefl_call_frame* f, vo
   for (int64_t r = 0; r < rows; ++r) {
     double ss = 0;
     for (int64_t j = 0; j < h; ++j) ss += (double)xp[r * h + j] * xp[r * h + j];
-    const double inv = 1.0 / sqrt(ss / (double)h + a->eps);
+    double inv = 1.0 / sqrt(ss / (double)h + a->eps);
+#ifdef WRONG_RESULT
+    /* Deliberately wrong (for `tefl check`'s test): the last row is 0.1% off. */
+    if (r == rows - 1) inv *= 1.001;
+#endif
     for (int64_t j = 0; j < h; ++j)
       zp[r * h + j] = (float)(xp[r * h + j] * inv * (gp[j] + (a->zero_centered_gamma ? 1.0 : 0.0)));
     rp[r] = (float)inv;

@@ -1,0 +1,33 @@
+// Runs one implementation on one built-in case, on the implementation's
+// device through that device's runtime (tefl_device_runtime: alloc, copies,
+// sync), and compares every output with reference.cpp's under the case's
+// tolerances. What `tefl check` prints, one line per (impl, case).
+#ifndef TEFL_SRC_CHECK_RUNNER_H_
+#define TEFL_SRC_CHECK_RUNNER_H_
+
+#include <string>
+
+#include "check/cases.h"
+
+namespace tefl::check {
+
+enum class Verdict { kPass, kFail, kDeclined };
+const char* VerdictName(Verdict v);
+
+struct CheckResult {
+  std::string impl_id, op, dtype, shape, note;
+  Verdict verdict = Verdict::kPass;
+  double max_abs = 0, max_rel = 0;  // over every output
+  int64_t mismatches = 0;
+  std::string reason;  // FAIL: what went wrong; DECLINED: the implementation's reason
+};
+
+// `expected` are reference.cpp's outputs for the case (RunReference).
+CheckResult RunCheck(const Case& c, const std::string& impl_id, DLDeviceType device,
+                     const std::vector<Tensor>& expected);
+// reference.cpp's outputs for the case, or an error.
+Status RunReference(const Case& c, std::vector<Tensor>* expected);
+
+}  // namespace tefl::check
+
+#endif  // TEFL_SRC_CHECK_RUNNER_H_

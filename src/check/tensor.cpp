@@ -1,0 +1,127 @@
+#include "check/tensor.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <random>
+
+namespace tefl::check {
+
+Tensor::Tensor(DType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(std::move(shape)) {
+  numel_ = 1;
+  for (int64_t d : shape_) numel_ *= d;
+  const size_t elem = size_t(DLTypeOf(dtype).bits / 8);
+  storage_.assign(size_t(numel_) * elem + 2 * kGuard, 0xA5);
+  Bind();
+  std::memset(bytes(), 0, size_t(numel_) * elem);
+}
+
+Tensor::Tensor(const Tensor& other)
+    : dtype_(other.dtype_), shape_(other.shape_), numel_(other.numel_), storage_(other.storage_) {
+  Bind();
+}
+
+Tensor& Tensor::operator=(const Tensor& other) {
+  dtype_ = other.dtype_;
+  shape_ = other.shape_;
+  numel_ = other.numel_;
+  storage_ = other.storage_;
+  Bind();
+  return *this;
+}
+
+void Tensor::Bind() {
+  dl_ = DLTensor{};
+  dl_.data = storage_.data() + kGuard;
+  dl_.device = {kDLCPU, 0};
+  dl_.ndim = int(shape_.size());
+  dl_.dtype = DLTypeOf(dtype_);
+  dl_.shape = shape_.data();
+  dl_.strides = nullptr;
+}
+
+Tensor& Tensor::Uniform(const std::string& name, double lo, double hi) {
+  std::mt19937_64 rng(std::hash<std::string>{}(name));
+  std::uniform_real_distribution<double> dist(lo, hi);
+  for (int64_t i = 0; i < numel_; ++i) set(i, dist(rng));
+  return *this;
+}
+
+Tensor& Tensor::Fill(double v) {
+  for (int64_t i = 0; i < numel_; ++i) set(i, v);
+  return *this;
+}
+
+bool Tensor::GuardsIntact() const {
+  for (size_t i = 0; i < kGuard; ++i) {
+    if (storage_[i] != 0xA5 || storage_[storage_.size() - 1 - i] != 0xA5) return false;
+  }
+  return true;
+}
+
+bool Tensor::SameBytes(const Tensor& other) const {
+  return nbytes() == other.nbytes() && std::memcmp(bytes(), other.bytes(), nbytes()) == 0;
+}
+
+Tolerance ToleranceFor(DType dtype) {
+  switch (dtype) {
+    case DType::kF16:
+      return {1e-5, 1e-3};
+    case DType::kBF16:
+      return {1e-5, 1e-2};
+    case DType::kE4M3:
+    case DType::kE5M2:
+      return {1e-2, 1e-2};
+    default:
+      return {1e-6, 5e-6};
+  }
+}
+
+namespace {
+// Whether a and b are the same or adjacent values of `dtype`.
+bool Neighbours(double a, double b, DType dtype) {
+  auto bits = [&](double v) -> int64_t {
+    if (dtype == DType::kBF16) return int64_t(FloatToBF16(float(v)));
+    if (dtype == DType::kF16) return int64_t(FloatToF16(float(v)));
+    uint32_t u = FloatBits(float(v));
+    return int64_t(u);
+  };
+  const int64_t ba = bits(a), bb = bits(b);
+  // Same sign: adjacent encodings are adjacent values.
+  return std::abs(ba - bb) <= 1;
+}
+}  // namespace
+
+CompareResult Compare(const Tensor& test, const Tensor& ref, Tolerance tol) {
+  CompareResult r;
+  for (int64_t i = 0; i < ref.numel(); ++i) {
+    const double t = test.at(i), e = ref.at(i);
+    bool bad;
+    if (std::isnan(e) || std::isnan(t)) {
+      bad = std::isnan(e) != std::isnan(t);
+    } else if (std::isinf(e) || std::isinf(t)) {
+      bad = t != e;
+    } else {
+      const double diff = std::fabs(t - e);
+      const double rel = e == 0 ? 0 : diff / std::fabs(e);
+      r.max_abs = std::max(r.max_abs, diff);
+      if (e != 0) r.max_rel = std::max(r.max_rel, rel);
+      bad = diff > tol.atol && (e == 0 || rel > tol.rtol);
+      if (bad && test.dtype() != DType::kF32 && Neighbours(t, e, test.dtype())) bad = false;
+    }
+    if (bad) {
+      if (r.first_bad < 0) r.first_bad = i;
+      ++r.mismatches;
+    }
+  }
+  return r;
+}
+
+std::string CompareResult::ToString() const {
+  return fmt::format("mismatches={} max_abs={:.3g} max_rel={:.3g} first_bad={}", mismatches, max_abs, max_rel,
+                     first_bad);
+}
+
+}  // namespace tefl::check

@@ -1,0 +1,71 @@
+// Host tensors for checking implementations: owning, any dtype, guard
+// bytes around the data, deterministic fill, and TransformerEngine's
+// comparison rule (spec/ops.md, Tolerances). Used by `tefl check`, the demo
+// and the test suites.
+#ifndef TEFL_SRC_CHECK_TENSOR_H_
+#define TEFL_SRC_CHECK_TENSOR_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace tefl::check {
+
+class Tensor {
+ public:
+  Tensor() = default;
+  Tensor(DType dtype, std::vector<int64_t> shape);
+  Tensor(const Tensor& other);
+  Tensor& operator=(const Tensor& other);
+
+  DLTensor& dl() { return dl_; }
+  const DLTensor& dl() const { return dl_; }
+  DLTensor* ptr() { return &dl_; }
+  DType dtype() const { return dtype_; }
+  int64_t numel() const { return numel_; }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  double at(int64_t i) const { return LoadAsFloat(bytes(), i, dtype_); }
+  void set(int64_t i, double v) { StoreFromDouble(bytes(), i, dtype_, v); }
+  void* bytes() const { return const_cast<uint8_t*>(storage_.data()) + kGuard; }
+  size_t nbytes() const { return size_t(numel_) * size_t(dl_.dtype.bits / 8); }
+
+  // Uniform in [lo, hi) from a seed derived from `name` (deterministic).
+  Tensor& Uniform(const std::string& name, double lo = -2.0, double hi = 1.0);
+  Tensor& Fill(double v);
+  // Whether the guard bytes around the data are intact (no out-of-bounds write).
+  bool GuardsIntact() const;
+  // Bytes of the data region equal to another tensor's.
+  bool SameBytes(const Tensor& other) const;
+
+ private:
+  static constexpr size_t kGuard = 64;
+  void Bind();
+  DType dtype_ = DType::kF32;
+  std::vector<int64_t> shape_;
+  int64_t numel_ = 0;
+  std::vector<uint8_t> storage_;
+  DLTensor dl_{};
+};
+
+struct Tolerance {
+  double atol, rtol;
+};
+// TE's element tolerances for an output dtype.
+Tolerance ToleranceFor(DType dtype);
+
+struct CompareResult {
+  int64_t mismatches = 0;
+  double max_abs = 0, max_rel = 0;
+  int64_t first_bad = -1;
+  std::string ToString() const;
+};
+// Mismatch when |t - r| > atol and (r == 0 or |t - r|/|r| > rtol), forgiven
+// for non-fp32 outputs when t and r are neighbouring representable values.
+// NaN must match NaN, inf must match the same inf.
+CompareResult Compare(const Tensor& test, const Tensor& ref, Tolerance tol);
+
+}  // namespace tefl::check
+
+#endif  // TEFL_SRC_CHECK_TENSOR_H_

@@ -1,0 +1,75 @@
+// Shared by the `tefl` subcommands: errors, argument parsing (dtype, shape,
+// device, op), plugin loading, tables and JSON output.
+#ifndef TEFL_TOOLS_TEFL_CLI_SUPPORT_H_
+#define TEFL_TOOLS_TEFL_CLI_SUPPORT_H_
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "check/cases.h"
+#include "core/catalogue.h"
+#include "tefl/tefl.hpp"
+
+namespace tefl::cli {
+
+using check::Tensor;
+
+// A failure reported as one line "tefl: error: <what>" and exit status 1.
+struct CliError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Subcommands; each adds itself to the app.
+void AddOpsCommand(CLI::App& app);
+void AddImplsCommand(CLI::App& app);
+void AddExplainCommand(CLI::App& app);
+void AddCheckCommand(CLI::App& app);
+void AddBenchCommand(CLI::App& app);
+void AddDemoCommand(CLI::App& app);
+
+// "bf16", "bfloat16", "fp32", "float32", "f16", ... Throws CliError.
+DType ParseDType(const std::string& text);
+// "8192,4096", "8192x4096" or "[8192, 4096]". Throws CliError.
+std::vector<int64_t> ParseShape(const std::string& text);
+// "cpu", "cuda", "rocm", ... or a DLDeviceType number. Throws CliError.
+DLDeviceType ParseDevice(const std::string& text);
+std::string DeviceName(int32_t device_type);
+// Every device type in a mask, e.g. "cpu,cuda".
+std::string DeviceList(uint64_t mask);
+// The catalogue schema of an op name or alias. Throws CliError naming the
+// closest known op.
+const OpSchema& RequireOp(const std::string& name);
+
+// Loads plugins (names or absolute paths) into the default registry after
+// initialising it; throws CliError with the loader's reason on failure.
+// Returns the resolved paths.
+std::vector<std::string> LoadPluginsOrThrow(const std::vector<std::string>& plugins);
+// Adds the repeatable --plugin option to a subcommand.
+void AddPluginOption(CLI::App* cmd, std::vector<std::string>* plugins);
+
+// A text table with left-aligned columns.
+class Table {
+ public:
+  explicit Table(std::vector<std::string> header) : rows_{std::move(header)} {}
+  void Add(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
+  std::string ToString() const;
+
+ private:
+  std::vector<std::vector<std::string>> rows_;
+};
+
+std::string DTypeSetString(DTypeSet set);
+std::string FormatDouble(double v);
+// The default call of an op for impls/explain: the first built-in case
+// matching the options (nullopt if the op has no grid).
+std::optional<check::Case> DefaultCase(const std::string& op, const check::GridOptions& options);
+// True when stdout/stderr is a terminal.
+bool StderrIsTerminal();
+
+}  // namespace tefl::cli
+
+#endif  // TEFL_TOOLS_TEFL_CLI_SUPPORT_H_

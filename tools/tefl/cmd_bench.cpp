@@ -1,0 +1,180 @@
+// tefl bench [--op OP] [--impl ID] [--dtype] [--size SHAPE] [--json]
+// [--plot FILE.png]: per op x implementation, the time of one call on warm,
+// preallocated outputs, its GB/s (bytes of every input and output) and that
+// as a percentage of this machine's copy bandwidth, measured at the start
+// of the run with the same threads.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+#include "check/cases.h"
+#include "cli_support.h"
+#include "core/thread_pool.h"
+
+namespace tefl::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Median seconds per call of fn, sampled for at least min_time seconds.
+template <class Fn>
+double MedianSeconds(Fn&& fn, double min_time) {
+  std::vector<double> samples;
+  const auto start = Clock::now();
+  while (samples.size() < 3 || std::chrono::duration<double>(Clock::now() - start).count() < min_time) {
+    const auto t0 = Clock::now();
+    fn();
+    samples.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    if (samples.size() >= 1000) break;
+  }
+  std::sort(samples.begin(), samples.end());
+  return samples[samples.size() / 2];
+}
+
+// Parallel memcpy bandwidth (bytes read + written per second) over 256 MiB.
+double MeasureCopyBandwidth(double min_time) {
+  const size_t bytes = size_t(256) << 20;
+  struct Free {
+    void operator()(char* p) const { std::free(p); }
+  };
+  std::unique_ptr<char, Free> src(static_cast<char*>(std::aligned_alloc(64, bytes)));
+  std::unique_ptr<char, Free> dst(static_cast<char*>(std::aligned_alloc(64, bytes)));
+  std::memset(src.get(), 1, bytes);
+  std::memset(dst.get(), 0, bytes);
+  const int64_t blocks = int64_t(bytes / 65536);
+  const double s = MedianSeconds(
+      [&] {
+        ParallelFor(blocks, 1, [&](int64_t b, int64_t e) {
+          std::memcpy(dst.get() + b * 65536, src.get() + b * 65536, size_t(e - b) * 65536);
+        });
+      },
+      min_time);
+  return 2.0 * double(bytes) / s;
+}
+
+// The benchmark shape of a family (the op's main input).
+std::vector<int64_t> DefaultSize(const std::string& family) {
+  if (family == "softmax") return {2, 16, 1024, 1024};
+  if (family == "rope") return {2048, 2, 32, 128};
+  return {4096, 4096};
+}
+
+}  // namespace
+
+void AddBenchCommand(CLI::App& app) {
+  struct Args {
+    std::vector<std::string> plugins, ops;
+    std::string impl, dtype = "fp32", size, plot;
+    double min_time = 0.3;
+    bool json = false;
+  };
+  auto args = std::make_shared<Args>();
+  CLI::App* cmd = app.add_subcommand(
+      "bench", "Time each op x implementation; GB/s and % of this machine's copy bandwidth measured in the same run");
+  AddPluginOption(cmd, &args->plugins);
+  cmd->add_option("--op", args->ops, "Only this op (repeatable); default: every op with a built-in call");
+  cmd->add_option("--impl", args->impl, "Only this implementation id");
+  cmd->add_option("--dtype", args->dtype, "Data dtype: fp32, bf16, fp16")->capture_default_str();
+  cmd->add_option("--size", args->size,
+                  "Shape of the main input (default per family: 4096,4096; softmax 2,16,1024,1024; rope "
+                  "2048,2,32,128)");
+  cmd->add_option("--min-time", args->min_time, "Seconds sampled per measurement")->capture_default_str();
+  cmd->add_flag("--json", args->json, "Print JSON");
+  cmd->add_option("--plot", args->plot, "Also draw a roofline-style chart (needs python3 with matplotlib)")
+      ->type_name("FILE.png");
+  cmd->callback([args] {
+    const DType dtype = ParseDType(args->dtype);
+    std::optional<std::vector<int64_t>> size;
+    if (!args->size.empty()) size = ParseShape(args->size);
+    GetDefaultManager().EnsureInitialized();
+    LoadPluginsOrThrow(args->plugins);
+    std::vector<const OpSchema*> ops;
+    for (const std::string& name : args->ops) ops.push_back(&RequireOp(name));
+    if (ops.empty())
+      for (const OpSchema& op : AllOps())
+        if (op.name) ops.push_back(&op);
+
+    const double copy_bps = MeasureCopyBandwidth(args->min_time);
+    const bool progress = StderrIsTerminal() && !args->json;
+    nlohmann::json rows = nlohmann::json::array();
+    Table t({"op", "impl", "dtype", "shape", "time", "GB/s", "% of copy", "note"});
+    for (const OpSchema* op : ops) {
+      check::GridOptions o;
+      o.dtype = dtype;
+      o.shape = size ? *size : DefaultSize(op->family);
+      std::vector<check::Case> cases = check::BuiltinCases(op->name, o);
+      if (cases.empty()) continue;
+      check::Case& c = cases.front();
+      double bytes = 0;
+      for (const auto& in : c.inputs)
+        if (in) bytes += double(in->nbytes());
+      for (const Tensor& out : c.outputs) bytes += double(out.nbytes());
+      for (const OpImpl& impl : GetDefaultRegistry().GetImplementations(op->name)) {
+        if (!args->impl.empty() && impl.impl_id != args->impl) continue;
+        if (!(impl.device_mask & TEFL_DEVICE_BIT(kDLCPU))) continue;
+        if (progress) {
+          std::fprintf(stderr, "\r\033[K%s on %s", op->name, impl.impl_id.c_str());
+          std::fflush(stderr);
+        }
+        const std::vector<const DLTensor*> in = c.InputPtrs();
+        const std::vector<DLTensor*> out = c.OutputPtrs();
+        const Status first = check::RunPinned(c.op, impl.impl_id, in, out, c.attrs_ptr());
+        nlohmann::json row = {{"op", op->name},   {"impl", impl.impl_id}, {"dtype", c.dtype},
+                              {"shape", c.shape}, {"bytes", bytes},       {"copy_gbps", copy_bps / 1e9}};
+        if (!first.ok()) {
+          row["error"] = first.message();
+          t.Add({op->name, impl.impl_id, c.dtype, c.shape, "-", "-", "-", "not run: " + first.message()});
+          rows.push_back(row);
+          continue;
+        }
+        // The pinned policy is built once; each sample is one call.
+        SelectionPolicy pinned;
+        (void)SelectionPolicy::Make("flagos", true, {{op->name, {"impl:" + impl.impl_id}}}, {}, std::nullopt, &pinned);
+        PolicyContext ctx(pinned);
+        OpManager& mgr = GetDefaultManager();
+        const double s = MedianSeconds([&] { (void)mgr.Call(op->id, in, out, c.attrs_ptr()); }, args->min_time);
+        const double gbps = bytes / s / 1e9;
+        const double pct = 100.0 * bytes / s / copy_bps;
+        row["seconds"] = s;
+        row["gbps"] = gbps;
+        row["pct_of_copy"] = pct;
+        rows.push_back(row);
+        t.Add({op->name, impl.impl_id, c.dtype, c.shape,
+               s < 1e-3 ? fmt::format("{:.1f} us", s * 1e6) : fmt::format("{:.3f} ms", s * 1e3),
+               fmt::format("{:.1f}", gbps), fmt::format("{:.0f}%", pct), c.note});
+      }
+    }
+    if (progress) std::fprintf(stderr, "\r\033[K");
+    nlohmann::json j = {{"copy_gbps", copy_bps / 1e9}, {"threads", ThreadPoolSize()}, {"results", rows}};
+    if (args->json) {
+      std::printf("%s\n", j.dump(2).c_str());
+    } else {
+      std::printf("copy bandwidth (parallel memcpy, 256 MiB, %d threads): %.1f GB/s\n%s", ThreadPoolSize(),
+                  copy_bps / 1e9, t.ToString().c_str());
+    }
+    if (!args->plot.empty()) {
+      const char* script_env = std::getenv("TEFL_PLOT_SCRIPT");
+      const std::string script = script_env ? script_env : TEFL_PLOT_SCRIPT;
+      char tmpl[] = "/tmp/tefl-bench-XXXXXX";
+      const int fd = mkstemp(tmpl);
+      if (fd < 0) throw CliError("cannot create a temporary file for the plot data");
+      const std::string data = j.dump();
+      const bool wrote = write(fd, data.data(), data.size()) == ssize_t(data.size());
+      close(fd);
+      if (!wrote) throw CliError("cannot write the plot data");
+      const std::string command = fmt::format("python3 '{}' '{}' '{}'", script, tmpl, args->plot);
+      const int rc = std::system(command.c_str());
+      unlink(tmpl);
+      if (rc != 0) throw CliError(fmt::format("the plot script failed (exit {}): {}", rc, command));
+      if (!args->json) std::printf("chart written to %s\n", args->plot.c_str());
+    }
+  });
+}
+
+}  // namespace tefl::cli

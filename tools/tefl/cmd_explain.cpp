@@ -1,0 +1,131 @@
+// tefl explain OP [--dtype] [--shape] [--device] [--json]: the full
+// resolution of one call under the policy in force.
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "cli_support.h"
+
+namespace tefl::cli {
+namespace {
+
+const char* kPolicyVars[] = {"TE_FL_PREFER",        "TE_FL_PREFER_VENDOR", "TE_FL_STRICT",
+                             "TE_FL_ALLOW_VENDORS", "TE_FL_DENY_VENDORS",  "TE_FL_PER_OP"};
+
+}  // namespace
+
+void AddExplainCommand(CLI::App& app) {
+  struct Args {
+    std::string op, dtype = "fp32", shape, device = "cpu";
+    std::vector<std::string> plugins;
+    bool json = false;
+  };
+  auto args = std::make_shared<Args>();
+  CLI::App* cmd = app.add_subcommand(
+      "explain", "Show how a call would be resolved: the policy and where it came from, every candidate, and why");
+  cmd->add_option("op", args->op, "The op (a name or alias)")->required();
+  cmd->add_option("--dtype", args->dtype, "Data dtype of the call: fp32, bf16, fp16")->capture_default_str();
+  cmd->add_option("--shape", args->shape, "Shape of the op's main input, e.g. 8192,4096 (default: a mid-grid shape)");
+  cmd->add_option("--device", args->device, "Device of the call's tensors: cpu, cuda, ...")->capture_default_str();
+  AddPluginOption(cmd, &args->plugins);
+  cmd->add_flag("--json", args->json, "Print JSON");
+  cmd->callback([args] {
+    const OpSchema& op = RequireOp(args->op);
+    check::GridOptions o;
+    o.dtype = ParseDType(args->dtype);
+    if (!args->shape.empty()) o.shape = ParseShape(args->shape);
+    const DLDeviceType device = ParseDevice(args->device);
+    GetDefaultManager().EnsureInitialized();
+    LoadPluginsOrThrow(args->plugins);
+    std::optional<check::Case> c = DefaultCase(op.name, o);
+    if (!c)
+      throw CliError(fmt::format("no call of {} with dtype {}{} can be built (the op has no built-in call for it)",
+                                 op.name, args->dtype, args->shape.empty() ? "" : " and shape " + args->shape));
+    std::vector<const DLTensor*> in = c->InputPtrs();
+    std::vector<DLTensor*> out = c->OutputPtrs();
+    // Explain never runs a kernel: the tensors only describe the call.
+    std::vector<DLTensor> din, dout;
+    din.reserve(in.size());
+    dout.reserve(out.size());
+    for (const DLTensor*& t : in) {
+      if (!t) continue;
+      din.push_back(*t);
+      din.back().device = DLDevice{device, 0};
+      t = &din.back();
+    }
+    for (DLTensor*& t : out) {
+      dout.push_back(*t);
+      dout.back().device = DLDevice{device, 0};
+      t = &dout.back();
+    }
+    const Resolution r = GetDefaultManager().Explain(op.id, in, out, c->attrs_ptr());
+    const SelectionPolicy policy = GetPolicy();
+    nlohmann::json env = nlohmann::json::object();
+    for (const char* v : kPolicyVars)
+      if (const char* val = std::getenv(v)) env[v] = val;
+    // Where each part of the policy came from (a variable, or "code"); parts
+    // left at their defaults are not listed.
+    nlohmann::json sources = nlohmann::json::object();
+    for (const auto& [k, v] : policy.sources())
+      if (v != "default") sources[k] = v;
+    if (args->json) {
+      nlohmann::json j = {{"op", r.op_name},
+                          {"call", c->dtype + " " + c->shape},
+                          {"device", DeviceName(device)},
+                          {"signature", r.signature},
+                          {"policy", r.policy},
+                          {"policy_sources", sources},
+                          {"environment", env},
+                          {"order", r.order},
+                          {"chain", r.chain},
+                          {"error", r.error}};
+      j["candidates"] = nlohmann::json::array();
+      for (const CandidateReport& cr : r.candidates)
+        j["candidates"].push_back({{"impl_id", cr.impl_id},
+                                   {"kind", KindName(cr.kind)},
+                                   {"vendor", cr.vendor},
+                                   {"priority", cr.priority},
+                                   {"accepted", cr.accepted},
+                                   {"demoted", cr.demoted},
+                                   {"reason", cr.reason}});
+      std::printf("%s\n", j.dump(2).c_str());
+      return;
+    }
+    std::printf("op         %s (%s)\n", r.op_name.c_str(), op.family);
+    std::printf("call       %s %s on %s%s\n", c->dtype.c_str(), c->shape.c_str(), DeviceName(device).c_str(),
+                c->note.empty() ? "" : (" (" + c->note + ")").c_str());
+    std::printf("signature  %s\n", r.signature.c_str());
+    std::printf("policy     prefer=%s strict=%d%s%s\n", policy.prefer().c_str(), policy.strict() ? 1 : 0,
+                policy.allow_vendors() ? " allow_vendors=set" : "",
+                policy.deny_vendors().empty() ? "" : " deny_vendors=set");
+    if (sources.empty()) {
+      std::printf("           (defaults: no TE_FL_* policy variable is set)\n");
+    } else {
+      for (const auto& [k, v] : policy.sources()) {
+        if (v == "default") continue;
+        const char* val = std::getenv(v.c_str());
+        std::printf("           %s from %s%s\n", k.c_str(), v.c_str(), val ? (std::string("=") + val).c_str() : "");
+      }
+    }
+    std::string order;
+    for (const std::string& tok : r.order) order += (order.empty() ? "" : " > ") + tok;
+    std::printf("order      %s\n", order.c_str());
+    std::printf("candidates\n");
+    Table t({"  #", "impl_id", "kind", "vendor", "priority", "verdict"});
+    int i = 0;
+    for (const CandidateReport& cr : r.candidates) {
+      std::string verdict = cr.accepted ? "accepted" : "rejected: " + cr.reason;
+      if (cr.demoted) verdict += " (demoted after a failure)";
+      t.Add({"  " + std::to_string(++i), cr.impl_id, KindName(cr.kind), cr.vendor.empty() ? "-" : cr.vendor,
+             std::to_string(cr.priority), verdict});
+    }
+    std::printf("%s", t.ToString().c_str());
+    std::string chain;
+    for (const std::string& id : r.chain) chain += (chain.empty() ? "" : " -> ") + id;
+    std::printf("chain      %s\n", chain.empty() ? "(empty)" : chain.c_str());
+    if (!r.error.empty()) std::printf("error      %s\n", r.error.c_str());
+  });
+}
+
+}  // namespace tefl::cli

@@ -1,0 +1,141 @@
+// tefl ops [OP] [--family F] [--json]: the catalogue, from the op schemas.
+#include <fmt/format.h>
+
+#include <cstdio>
+
+#include "cli_support.h"
+
+namespace tefl::cli {
+namespace {
+
+const char* AttrTypeName(AttrType t) {
+  switch (t) {
+    case AttrType::kF32:
+      return "f32";
+    case AttrType::kI32:
+      return "i32";
+    case AttrType::kBool:
+      return "bool";
+    default:
+      return "u64";
+  }
+}
+
+// An attribute's default read from the op's defaults struct.
+double AttrDefault(const OpSchema&, const AttrSchema& a) { return a.default_value; }
+
+nlohmann::json OpJson(const OpSchema& op) {
+  nlohmann::json j;
+  j["id"] = op.id;
+  j["name"] = op.name;
+  j["family"] = op.family;
+  j["doc"] = op.doc;
+  j["aliases"] = nlohmann::json::array();
+  for (const char* a : op.aliases) j["aliases"].push_back(a);
+  auto args = [](std::span<const ArgSchema> list) {
+    nlohmann::json arr = nlohmann::json::array();
+    for (const ArgSchema& a : list)
+      arr.push_back(
+          {{"name", a.name}, {"dtypes", DTypeSetString(a.dtypes)}, {"optional", a.optional}, {"shape", a.shape}});
+    return arr;
+  };
+  j["inputs"] = args(op.inputs);
+  j["outputs"] = args(op.outputs);
+  j["attrs"] = nlohmann::json::array();
+  for (const AttrSchema& a : op.attrs) {
+    nlohmann::json aj = {
+        {"name", a.name}, {"type", AttrTypeName(a.type)}, {"default", AttrDefault(op, a)}, {"doc", a.doc}};
+    if (a.type != AttrType::kU64) {
+      aj["min"] = FormatDouble(a.min_value);
+      aj["max"] = FormatDouble(a.max_value);
+    }
+    j["attrs"].push_back(aj);
+  }
+  j["in_place"] = op.inplace_output >= 0 || (op.flags & kOpInPlace) != 0;
+  j["contiguous_only"] = (op.flags & kOpContiguous) != 0;
+  return j;
+}
+
+std::string ArgList(std::span<const ArgSchema> list) {
+  std::string s;
+  for (const ArgSchema& a : list) s += (s.empty() ? "" : ", ") + std::string(a.name) + (a.optional ? "?" : "");
+  return s;
+}
+
+std::string AttrList(const OpSchema& op) {
+  std::string s;
+  for (const AttrSchema& a : op.attrs)
+    s += (s.empty() ? "" : ", ") + std::string(a.name) + "=" + FormatDouble(AttrDefault(op, a));
+  return s.empty() ? "-" : s;
+}
+
+void PrintDetail(const OpSchema& op) {
+  std::printf("%s  (family %s, id %d)\n  %s\n", op.name, op.family, op.id, op.doc);
+  if (!op.aliases.empty()) {
+    std::string a;
+    for (const char* al : op.aliases) a += (a.empty() ? "" : ", ") + std::string(al);
+    std::printf("  aliases: %s\n", a.c_str());
+  }
+  Table t({"", "name", "dtypes", "shape", ""});
+  for (const ArgSchema& a : op.inputs)
+    t.Add({"in", a.name, DTypeSetString(a.dtypes), a.shape, a.optional ? "optional" : ""});
+  for (const ArgSchema& a : op.outputs) t.Add({"out", a.name, DTypeSetString(a.dtypes), a.shape, ""});
+  for (const AttrSchema& a : op.attrs) {
+    const std::string range =
+        a.type == AttrType::kU64 ? "any" : "[" + FormatDouble(a.min_value) + ", " + FormatDouble(a.max_value) + "]";
+    t.Add({"attr", a.name, AttrTypeName(a.type), "default " + FormatDouble(AttrDefault(op, a)) + ", " + range, a.doc});
+  }
+  std::string body = t.ToString();
+  // Indent the table under the op.
+  std::string indented;
+  for (size_t pos = 0; pos < body.size();) {
+    const size_t nl = body.find('\n', pos);
+    indented += "  " + body.substr(pos, nl - pos + 1);
+    pos = nl + 1;
+  }
+  std::printf("%s", indented.c_str());
+  if (op.inplace_output >= 0)
+    std::printf("  output '%s' may be exactly input '%s' (in place)\n", op.outputs[size_t(op.inplace_output)].name,
+                op.inputs[size_t(op.inplace_input)].name);
+}
+
+}  // namespace
+
+void AddOpsCommand(CLI::App& app) {
+  struct Args {
+    std::string op, family;
+    bool json = false;
+  };
+  auto args = std::make_shared<Args>();
+  CLI::App* cmd =
+      app.add_subcommand("ops", "List the op catalogue: inputs, outputs and attributes with dtypes and defaults");
+  cmd->add_option("op", args->op, "Show one op in detail (a name or alias)");
+  cmd->add_option("--family", args->family, "Only ops of this family (normalization, activation, softmax, rope, ...)");
+  cmd->add_flag("--json", args->json, "Print JSON");
+  cmd->callback([args] {
+    std::vector<const OpSchema*> ops;
+    if (!args->op.empty()) {
+      ops.push_back(&RequireOp(args->op));
+    } else {
+      for (const OpSchema& op : AllOps())
+        if (op.name && (args->family.empty() || args->family == op.family)) ops.push_back(&op);
+      if (ops.empty()) throw CliError(fmt::format("no op of family '{}'", args->family));
+    }
+    if (args->json) {
+      nlohmann::json arr = nlohmann::json::array();
+      for (const OpSchema* op : ops) arr.push_back(OpJson(*op));
+      std::printf("%s\n", (args->op.empty() ? arr : arr[0]).dump(2).c_str());
+      return;
+    }
+    if (!args->op.empty()) {
+      PrintDetail(*ops[0]);
+      return;
+    }
+    Table t({"op", "family", "inputs", "outputs", "attributes (defaults)"});
+    for (const OpSchema* op : ops)
+      t.Add({op->name, op->family, ArgList(op->inputs), ArgList(op->outputs), AttrList(*op)});
+    std::printf("%s%zu ops; `tefl ops OP` shows dtypes and shapes\n", t.ToString().c_str(), ops.size());
+  });
+}
+
+}  // namespace tefl::cli
