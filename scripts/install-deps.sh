@@ -7,7 +7,8 @@ missing=()
 need() {  # need PACKAGE: queue it unless dpkg has it installed
   dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed" || missing+=("$1")
 }
-for p in g++ pkg-config libdlpack-dev libhwy-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev libdnnl-dev; do
+for p in g++ pkg-config libdlpack-dev libhwy-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev libdnnl-dev \
+  libcli11-dev nlohmann-json3-dev; do
   need "$p"
 done
 # A cmake (>= 3.25) or ninja already on PATH, e.g. from pip, serves as well as Debian's.
