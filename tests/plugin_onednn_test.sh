@@ -53,7 +53,11 @@ for family in normalization activation softmax; do
   # Coverage: vendor.onednn executed each of its ops in float32 and bfloat16
   # (the first argument of the exec line carries the call's dtype).
   for op in ${suite_ops[$family]}; do
-    for dt in float32 bfloat16; do
+    dtypes="float32 bfloat16"
+    # float32 dgelu is declined on purpose (oneDNN 2.6's gelu_tanh backward
+    # misses TE's float32 tolerance; see plugins/onednn/README.md).
+    [[ $op == dgelu ]] && dtypes="bfloat16"
+    for dt in $dtypes; do
       n=$(grep -Ec "^tefl_verbose,exec,$op,vendor\.onednn,[a-z_]+:$dt" "$log" || true)
       echo "$op $dt: $n call(s) executed by vendor.onednn"
       ((n > 0)) || fail "vendor.onednn never executed $op in $dt"

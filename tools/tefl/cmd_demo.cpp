@@ -50,11 +50,20 @@ Floats RandomFloats(size_t n, float scale, uint64_t seed) {
   return v;
 }
 
-// C[m, n] (+)= A[m, k] * B[k, n], with optional transposes given as strides.
-// A(i, p) = a[i * a_row + p * a_col]; row-major plain loops, fp32
-// accumulation, threads over rows of C.
+// C[m, n] (+)= A[m, k] * B[k, n], with optional transposes given as strides:
+// A(i, p) = a[i * a_row + p * a_col], B(p, j) = b[p * b_row + j * b_col].
+// Row-major plain loops, fp32 accumulation, threads over rows of C; a
+// transposed B is copied to row-major first so the inner loop is contiguous.
 void Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_row, int64_t a_col, const float* b, int64_t b_row,
           int64_t b_col, float* c, bool accumulate) {
+  Floats packed;
+  if (b_col != 1) {
+    packed.resize(size_t(k * n));
+    for (int64_t p = 0; p < k; ++p)
+      for (int64_t j = 0; j < n; ++j) packed[size_t(p * n + j)] = b[p * b_row + j * b_col];
+    b = packed.data();
+    b_row = n;
+  }
   ParallelFor(m, 4, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       float* ci = c + i * n;
@@ -62,12 +71,8 @@ void Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_row, int64_
         for (int64_t j = 0; j < n; ++j) ci[j] = 0;
       for (int64_t p = 0; p < k; ++p) {
         const float av = a[i * a_row + p * a_col];
-        if (b_col == 1) {
-          const float* bp = b + p * b_row;
-          for (int64_t j = 0; j < n; ++j) ci[j] += av * bp[j];
-        } else {
-          for (int64_t j = 0; j < n; ++j) ci[j] += av * b[p * b_row + j * b_col];
-        }
+        const float* bp = b + p * b_row;
+        for (int64_t j = 0; j < n; ++j) ci[j] += av * bp[j];
       }
     }
   });
