@@ -7,6 +7,13 @@
 // diff_dst * act'(src)). Tensors are viewed as one flat vector: the ops are
 // element-wise, so any compact shape maps to {numel}.
 //
+// Declined from the kernel (TEFL_UNSUPPORTED, before writing): an input with
+// a NaN, an infinity or |x| > 1e4. oneDNN's eltwise kernels do not follow
+// IEEE there (relu(NaN) = 0, drelu(NaN) passes the gradient, gelu' and
+// swish' of +-inf are NaN where the limit is finite); the input is scanned
+// once, in parallel, for this. Past 1e4 every one of these activations is in
+// its linear or zero regime, which the next implementation serves exactly.
+//
 // Declined (supports()): float16 data (oneDNN 2.6 has no f16 CPU eltwise on
 // this ISA family), mixed dtypes (one oneDNN data descriptor for src and
 // dst), strided tensors. Not offered: srelu and the gated and dbias ops
@@ -15,6 +22,9 @@
 
 namespace onednn_plugin {
 namespace {
+
+// Largest |input| served (see the file comment).
+constexpr float kMaxInput = 1e4f;
 
 struct EltwiseOp {
   const char* fwd_name;
@@ -108,6 +118,8 @@ tefl_status* FwdKernel(const tefl_call_frame* f, void* user_data) noexcept {
     const int64_t n = NumElements(x);
     if (n == 0) return nullptr;
     const DT dt = DtOf(x);
+    if (!AllWithin(f->host, DataOf(x), dt, n, kMaxInput))
+      throw Unsupported{"the input holds a NaN, an infinity or |x| > 1e4, where oneDNN's eltwise is not IEEE-exact"};
     const auto prim =
         CachedPrimitive(PrimKey{PrimOp::kEltwiseFwd, int32_t(op->alg), dt, dt, 1, n, BitsOfFloat(op->alpha)}, MakeFwd,
                         "eltwise forward");
@@ -130,6 +142,8 @@ tefl_status* BwdKernel(const tefl_call_frame* f, void* user_data) noexcept {
     const int64_t n = NumElements(x);
     if (n == 0) return nullptr;
     const DT dt = DtOf(x);
+    if (!AllWithin(f->host, DataOf(x), dt, n, kMaxInput))
+      throw Unsupported{"the input holds a NaN, an infinity or |x| > 1e4, where oneDNN's eltwise is not IEEE-exact"};
     const auto prim =
         CachedPrimitive(PrimKey{PrimOp::kEltwiseBwd, int32_t(op->alg), dt, dt, 1, n, BitsOfFloat(op->alpha)}, MakeBwd,
                         "eltwise backward");

@@ -10,6 +10,7 @@
 #include <tefl/ops.h>
 #include <tefl/tefl.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -316,6 +317,40 @@ inline int32_t SupportsPresentCompact(const tefl_call_frame* frame, const char* 
       return 0;
     }
   return 1;
+}
+
+// Whether every element of a float32/bfloat16 tensor of n elements has
+// |x| <= limit (a NaN fails). One read, split over the host's threads; the
+// inner loop has no early exit so that it vectorises.
+struct MagnitudeScan {
+  const void* data;
+  DT dt;
+  float limit;
+  std::atomic<bool> ok{true};
+};
+inline void ScanChunk(void* ctx, int64_t begin, int64_t end) {
+  auto* s = static_cast<MagnitudeScan*>(ctx);
+  constexpr int64_t kBlock = 4096;
+  for (int64_t b = begin * kBlock; b < end * kBlock && s->ok.load(std::memory_order_relaxed); b += kBlock) {
+    bool ok = true;
+    if (s->dt == DT::kF32) {
+      const float* p = static_cast<const float*>(s->data);
+      for (int64_t i = b; i < b + kBlock; ++i) ok &= std::fabs(p[i]) <= s->limit;
+    } else {
+      const uint16_t* p = static_cast<const uint16_t*>(s->data);
+      for (int64_t i = b; i < b + kBlock; ++i) ok &= std::fabs(Bf16ToF32(p[i])) <= s->limit;
+    }
+    if (!ok) s->ok.store(false, std::memory_order_relaxed);
+  }
+}
+inline bool AllWithin(const tefl_host_services* host, const void* data, DT dt, int64_t n, float limit) {
+  MagnitudeScan scan{data, dt, limit};
+  constexpr int64_t kBlock = 4096;
+  const int64_t full = n / kBlock;
+  if (full > 0) host->parallel_for(full, 16, ScanChunk, &scan);
+  bool ok = scan.ok.load();
+  for (int64_t i = full * kBlock; i < n && ok; ++i) ok = std::fabs(LoadF(data, dt, i)) <= limit;
+  return ok;
 }
 
 // One registration entry of a family file.
