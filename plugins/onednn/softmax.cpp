@@ -10,7 +10,10 @@
 //   backward  softmax_v2_backward gives y * (dy - sum(dy * y)); for scale != 1
 //             an eltwise_linear multiplies input_grads by scale in place.
 // Declined (supports()): float16 tensors, strided tensors; the masked and
-// causal variants are not offered.
+// causal variants are not offered. Declined from the kernel: a forward input
+// holding a NaN or an infinity (oneDNN zeroes such rows).
+#include <limits>
+
 #include "common.h"
 
 namespace onednn_plugin {
@@ -105,6 +108,10 @@ tefl_status* FwdKernel(const tefl_call_frame* f, void*) noexcept {
     if (d.n == 0 || d.h == 0) return nullptr;
     const float scale = ScaleOf(f);
     const DT tx = DtOf(x), ty = DtOf(y);
+    // oneDNN's softmax turns a row holding a NaN or +inf into zeros; IEEE
+    // (and reference.cpp) make it NaN. One parallel scan declines such input.
+    if (!AllWithin(f->host, DataOf(x), tx, d.n * d.h, std::numeric_limits<float>::max()))
+      throw Unsupported{"the input holds a NaN or an infinity, which oneDNN's softmax does not propagate"};
     if (scale != 1.0f && ty != DT::kF32)
       throw Unsupported{
           "scale != 1 needs a float32 softmax_results: oneDNN 2.6 softmax has no input scale, and "
