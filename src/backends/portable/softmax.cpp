@@ -110,22 +110,18 @@ HWY_BEFORE_NAMESPACE();
 namespace tefl::backends::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// ---- Forward pass 1: scores, max, NaN flag ----------------------------------
-struct RowStats {
-  float max;
-  bool nan;
-};
-
+// ---- Forward pass 1: scores and their max ----------------------------------
+// No NaN bookkeeping: a NaN score (or inf - inf below) reaches ExpNonPositive,
+// which propagates it into the sum, and so into every kept column.
 template <bool kHasMask, class TX>
-HWY_INLINE RowStats ScoreRow(const TX* HWY_RESTRICT x, const uint8_t* HWY_RESTRICT m, size_t kept, float scale,
-                             float* HWY_RESTRICT s) {
+HWY_INLINE float ScoreRow(const TX* HWY_RESTRICT x, const uint8_t* HWY_RESTRICT m, size_t kept, float scale,
+                          float* HWY_RESTRICT s) {
   const hn::ScalableTag<float> df;
   const size_t nf = hn::Lanes(df);
   const auto vscale = hn::Set(df, scale);
   const auto vmasked = hn::Set(df, -10000.0f);
   auto vmax = hn::Set(df, -std::numeric_limits<float>::infinity());
   auto vmax2 = vmax;
-  auto nan = hn::Zero(df);  // ORs in every NaN score: nonzero iff there was one
   size_t j = 0;
   const auto score = [&](size_t at) HWY_ATTR {
     auto v = hn::Mul(LoadF(df, x + at), vscale);
@@ -143,27 +139,48 @@ HWY_INLINE RowStats ScoreRow(const TX* HWY_RESTRICT x, const uint8_t* HWY_RESTRI
     hn::StoreU(v1, df, s + j + nf);
     vmax = hn::Max(vmax, v0);
     vmax2 = hn::Max(vmax2, v1);
-    nan = hn::Or(nan, hn::IfThenElseZero(hn::IsNaN(v0), v0));
-    nan = hn::Or(nan, hn::IfThenElseZero(hn::IsNaN(v1), v1));
   }
   for (; j + nf <= kept; j += nf) {
     const auto v0 = score(j);
     hn::StoreU(v0, df, s + j);
     vmax = hn::Max(vmax, v0);
-    nan = hn::Or(nan, hn::IfThenElseZero(hn::IsNaN(v0), v0));
   }
   float mx = hn::GetLane(hn::MaxOfLanes(df, hn::Max(vmax, vmax2)));
-  bool any_nan = !hn::AllTrue(df, hn::Eq(nan, hn::Zero(df)));
   for (; j < kept; ++j) {
     const float v = kHasMask && m[j] != 0 ? -10000.0f : scale * ScalarLoad(x + j);
     s[j] = v;
-    any_nan = any_nan || std::isnan(v);
     mx = std::max(mx, v);
   }
   // Pad to whole vectors with -inf: exp gives 0 there.
   const size_t padded = (kept + nf - 1) / nf * nf;
   for (; j < padded; ++j) s[j] = -std::numeric_limits<float>::infinity();
-  return {mx, any_nan};
+  return mx;
+}
+
+// e^x for x <= 0 or NaN (x = s - max): 0 below -87.33 (e^x < 2^-126, where
+// 2^n would leave the normal range), NaN for NaN. x = n ln2 + r with n =
+// round(x / ln2) by the 1.5 * 2^23 trick (n is then also the low bits of t)
+// and one fp32 ln2 (its error, n * 2e-9, is far below the tolerance where
+// e^x matters); e^r by its degree-6 Taylor polynomial (Horner, truncation
+// < 1.3e-7 relative on |r| <= ln2 / 2), scaled by 2^n built from the bits.
+// Cheaper than hn::Exp (one 2^n instead of two, no float -> int conversion
+// with overflow fix-ups), and NaN stays NaN (hn::Exp maps NaN to 0).
+template <class DF, class V>
+HWY_INLINE V ExpNonPositive(DF df, V x) {
+  const hn::RebindToSigned<DF> di;
+  const auto kMagic = hn::Set(df, 12582912.0f);  // 1.5 * 2^23
+  const auto t = hn::MulAdd(x, hn::Set(df, 1.44269504088896341f), kMagic);
+  const auto r = hn::NegMulAdd(hn::Sub(t, kMagic), hn::Set(df, 0.693147180559945309f), x);
+  auto p = hn::MulAdd(hn::Set(df, 1.0f / 720), r, hn::Set(df, 1.0f / 120));
+  p = hn::MulAdd(p, r, hn::Set(df, 1.0f / 24));
+  p = hn::MulAdd(p, r, hn::Set(df, 1.0f / 6));
+  p = hn::MulAdd(p, r, hn::Set(df, 0.5f));
+  p = hn::MulAdd(p, r, hn::Set(df, 1.0f));
+  p = hn::MulAdd(p, r, hn::Set(df, 1.0f));
+  // t's bits are those of kMagic plus n: (n + 127) << 23 is 2^n.
+  const int32_t magic_bits = 0x4B400000;
+  const auto pow2n = hn::BitCast(df, hn::ShiftLeft<23>(hn::Add(hn::BitCast(di, t), hn::Set(di, 127 - magic_bits))));
+  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(df, -87.33654f)), hn::Mul(p, pow2n));
 }
 
 // ---- Forward pass 2: s = exp(s - max), returns the sum ---------------------
@@ -177,15 +194,15 @@ HWY_INLINE float ExpRow(float* HWY_RESTRICT s, size_t padded, float mx, const TX
   for (; j + 2 * nf <= padded; j += 2 * nf) {
     if (j < next_len) __builtin_prefetch(next + j, 0, 2);
     if (sizeof(TX) == 4 && j + nf < next_len) __builtin_prefetch(next + j + nf, 0, 2);
-    const auto e0 = hn::Exp(df, hn::Sub(hn::LoadU(df, s + j), vmx));
-    const auto e1 = hn::Exp(df, hn::Sub(hn::LoadU(df, s + j + nf), vmx));
+    const auto e0 = ExpNonPositive(df, hn::Sub(hn::LoadU(df, s + j), vmx));
+    const auto e1 = ExpNonPositive(df, hn::Sub(hn::LoadU(df, s + j + nf), vmx));
     hn::StoreU(e0, df, s + j);
     hn::StoreU(e1, df, s + j + nf);
     sum0 = hn::Add(sum0, e0);
     sum1 = hn::Add(sum1, e1);
   }
   for (; j < padded; j += nf) {
-    const auto e0 = hn::Exp(df, hn::Sub(hn::LoadU(df, s + j), vmx));
+    const auto e0 = ExpNonPositive(df, hn::Sub(hn::LoadU(df, s + j), vmx));
     hn::StoreU(e0, df, s + j);
     sum0 = hn::Add(sum0, e0);
   }
@@ -226,12 +243,12 @@ HWY_INLINE void WriteRow(const float* HWY_RESTRICT s, size_t kept, size_t sk, fl
 }
 
 template <bool kHasMask, class TX>
-HWY_INLINE RowStats ScoreRowX(const SmFwdArgs& a, int64_t r, const uint8_t* m, size_t kept, float* s) {
+HWY_INLINE float ScoreRowX(const SmFwdArgs& a, int64_t r, const uint8_t* m, size_t kept, float* s) {
   return ScoreRow<kHasMask>(static_cast<const TX*>(a.x) + size_t(r) * size_t(a.sk), m, kept, a.scale, s);
 }
 
 template <bool kHasMask>
-HWY_INLINE RowStats ScoreAny(const SmFwdArgs& a, int64_t r, const uint8_t* m, size_t kept, float* s) {
+HWY_INLINE float ScoreAny(const SmFwdArgs& a, int64_t r, const uint8_t* m, size_t kept, float* s) {
   switch (a.tx) {
     case DType::kF32:
       return ScoreRowX<kHasMask, float>(a, r, m, kept, s);
@@ -286,16 +303,10 @@ void SoftmaxFwdRows(const SmFwdArgs& a, int64_t r0, int64_t r1, float* s) {
     float inv = 0.0f;
     size_t live = 0;  // columns whose s is valid
     if (!none) {
-      const RowStats st = m ? ScoreAny<true>(a, r, m, kept, s) : ScoreAny<false>(a, r, nullptr, kept, s);
+      const float mx = m ? ScoreAny<true>(a, r, m, kept, s) : ScoreAny<false>(a, r, nullptr, kept, s);
       live = kept;
-      const size_t padded = (kept + nf - 1) / nf * nf;
-      if (st.nan || !std::isfinite(st.max)) {
-        // NaN in the kept columns, 0 in the padding (WriteRow reads both).
-        for (size_t j = 0; j < padded; ++j) s[j] = j < kept ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
-        inv = 1.0f;
-      } else {
-        inv = 1.0f / ExpAny(a, r, r1, s, padded, st.max);
-      }
+      // NaN when the row holds a NaN, a +inf (inf - inf) or only -inf.
+      inv = 1.0f / ExpAny(a, r, r1, s, (kept + nf - 1) / nf * nf, mx);
     }
     if (a.stream) {
       WriteAny<true>(a, r, s, live, inv);
