@@ -6,12 +6,13 @@
 // pool, so the mask is the same for any thread count.
 //
 // dropout_fwd, per block of kBlock elements:
-//  1. the keep mask, vectorised Philox-4x32-10: each u32 lane runs one
-//     counter (one group of 4 elements; Lanes(u32) groups per vector). The
-//     32x32 -> 64 multiplies are MulEven on the even lanes and on the odd
-//     lanes shifted down; the low halves are plain u32 multiplies. The four
-//     keep bits of a group are packed into one u32 (little-endian: byte k is
-//     element 4g + k) and stored straight into the mask tensor;
+//  1. the keep mask, vectorised Philox-4x32-10: each u64 lane runs one
+//     counter (one group of 4 elements) in its low half, so one MulEven is
+//     a lane's full 32x32 -> 64 product (hi = product >> 32, lo = the low
+//     half as is); 2 x Lanes(u64) groups per step, their words gathered into
+//     u32 lanes (ConcatEven), compared, and the four keep bits of a group
+//     packed into one u32 (little-endian: byte k is element 4g + k) stored
+//     straight into the mask tensor;
 //  2. output = x * (mask ? 1 / (1 - p) : 0) in fp32, reading the mask back
 //     from L1 (x * 0 keeps IEEE: a dropped NaN or inf gives NaN).
 // dropout_bwd is step 2 alone with the given mask (nonzero = kept).
@@ -79,47 +80,73 @@ HWY_INLINE void MaskGroupScalar(const DropArgs& a, uint64_t g, uint8_t* out, int
 }
 
 #if HWY_TARGET != HWY_SCALAR
-// hi and lo 32 bits of a * m per u32 lane.
-template <class DU, class V>
-HWY_INLINE void MulHiLo(DU du, V a, V m, V& hi, V& lo) {
-  const hn::RepartitionToWide<DU> d64;
-  const auto pe = hn::MulEven(a, m);  // even lanes' 64-bit products
-  const auto po = hn::MulEven(hn::BitCast(du, hn::ShiftRight<32>(hn::BitCast(d64, a))), m);
-  hi = hn::OddEven(hn::BitCast(du, po), hn::BitCast(du, hn::ShiftRight<32>(pe)));
-  lo = hn::Mul(a, m);
-}
+// The broadcast round keys and constants of one call (hoisted out of the
+// per-vector loop). Counters live in u64 lanes, one per lane in the low half:
+// MulEven reads only those halves, so the high halves may hold garbage.
+struct PhiloxConsts {
+  hn::Vec<hn::ScalableTag<uint64_t>> k0[10], k1[10], m0, m1, c2, c3;
+  hn::Vec<hn::ScalableTag<uint32_t>> thr, bias, one;
+};
 
-// Mask bytes of groups [g, g + Lanes) (4 bytes each) into out.
-template <class DU>
-HWY_INLINE void MaskGroupsVector(DU du, const DropArgs& a, uint64_t g, uint8_t* out) {
-  using V = hn::Vec<DU>;
-  const hn::RebindToSigned<DU> di;
-  V c0 = hn::Add(hn::Set(du, uint32_t(g)), hn::Iota(du, 0));
-  V c1 = hn::Set(du, uint32_t(g >> 32));
-  V c2 = hn::Set(du, uint32_t(a.offset));
-  V c3 = hn::Set(du, uint32_t(a.offset >> 32));
-  const V m0 = hn::Set(du, kPhiloxM0), m1 = hn::Set(du, kPhiloxM1);
+HWY_INLINE void InitConsts(const DropArgs& a, PhiloxConsts& c) {
+  const hn::ScalableTag<uint64_t> d64;
+  const hn::ScalableTag<uint32_t> du;
   uint32_t k0 = uint32_t(a.seed), k1 = uint32_t(a.seed >> 32);
   for (int r = 0; r < 10; ++r) {
-    V hi0, lo0, hi1, lo1;
-    MulHiLo(du, c0, m0, hi0, lo0);
-    MulHiLo(du, c2, m1, hi1, lo1);
-    c0 = hn::Xor(hn::Xor(hi1, c1), hn::Set(du, k0));
-    c1 = lo1;
-    c2 = hn::Xor(hn::Xor(hi0, c3), hn::Set(du, k1));
-    c3 = lo0;
+    c.k0[r] = hn::Set(d64, k0);
+    c.k1[r] = hn::Set(d64, k1);
     k0 += kPhiloxW0;
     k1 += kPhiloxW1;
   }
+  c.m0 = hn::Set(d64, kPhiloxM0);
+  c.m1 = hn::Set(d64, kPhiloxM1);
+  c.c2 = hn::Set(d64, uint32_t(a.offset));
+  c.c3 = hn::Set(d64, uint32_t(a.offset >> 32));
   // kept = word >= threshold, as a signed compare of both biased by 2^31.
-  const auto bias = hn::Set(du, 0x80000000u);
-  const auto thr = hn::BitCast(di, hn::Xor(hn::Set(du, a.threshold), bias));
-  const auto one = hn::Set(du, 1u);
-  const auto kept = [&](V w) HWY_ATTR {
-    return hn::IfThenZeroElse(hn::RebindMask(du, hn::Lt(hn::BitCast(di, hn::Xor(w, bias)), thr)), one);
+  c.bias = hn::Set(du, 0x80000000u);
+  c.thr = hn::Xor(hn::Set(du, a.threshold), c.bias);
+  c.one = hn::Set(du, 1u);
+}
+
+// Ten rounds on Lanes(u64) counters (c0 = lo32(g), c1 = hi32(g) per lane);
+// the low halves of w[0..3] are the four words.
+HWY_INLINE void PhiloxRounds(const PhiloxConsts& k, hn::Vec<hn::ScalableTag<uint64_t>> c0,
+                             hn::Vec<hn::ScalableTag<uint64_t>> c1, hn::Vec<hn::ScalableTag<uint64_t>>* w) {
+  const hn::ScalableTag<uint32_t> du;
+  auto c2 = k.c2, c3 = k.c3;
+  for (int r = 0; r < 10; ++r) {
+    const auto p0 = hn::MulEven(hn::BitCast(du, c0), hn::BitCast(du, k.m0));
+    const auto p1 = hn::MulEven(hn::BitCast(du, c2), hn::BitCast(du, k.m1));
+    c0 = hn::Xor3(hn::ShiftRight<32>(p1), c1, k.k0[r]);
+    c1 = p1;
+    c2 = hn::Xor3(hn::ShiftRight<32>(p0), c3, k.k1[r]);
+    c3 = p0;
+  }
+  w[0] = c0;
+  w[1] = c1;
+  w[2] = c2;
+  w[3] = c3;
+}
+
+// Mask bytes of groups [g, g + Lanes(u32)) (4 bytes each) into out: two u64
+// vectors of counters, their words gathered into u32 vectors.
+HWY_INLINE void MaskGroupsVector(const PhiloxConsts& k, uint64_t g, uint8_t* out) {
+  const hn::ScalableTag<uint64_t> d64;
+  const hn::ScalableTag<uint32_t> du;
+  const hn::RebindToSigned<decltype(du)> di;
+  const size_t n64 = hn::Lanes(d64);
+  const auto hi = hn::Set(d64, g >> 32);
+  const auto lo = hn::Add(hn::Set(d64, uint32_t(g)), hn::Iota(d64, 0));  // no carry (checked by the caller)
+  hn::Vec<decltype(d64)> wa[4], wb[4];
+  PhiloxRounds(k, lo, hi, wa);
+  PhiloxRounds(k, hn::Add(lo, hn::Set(d64, n64)), hi, wb);
+  const auto thr = hn::BitCast(di, k.thr);
+  const auto kept = [&](int i) HWY_ATTR {
+    const auto w = hn::ConcatEven(du, hn::BitCast(du, wb[i]), hn::BitCast(du, wa[i]));
+    return hn::IfThenZeroElse(hn::RebindMask(du, hn::Lt(hn::BitCast(di, hn::Xor(w, k.bias)), thr)), k.one);
   };
-  const V packed = hn::Or(hn::Or(kept(c0), hn::ShiftLeft<8>(kept(c1))),
-                          hn::Or(hn::ShiftLeft<16>(kept(c2)), hn::ShiftLeft<24>(kept(c3))));
+  const auto packed = hn::Or(hn::Or(kept(0), hn::ShiftLeft<8>(kept(1))),
+                             hn::Or(hn::ShiftLeft<16>(kept(2)), hn::ShiftLeft<24>(kept(3))));
   hn::StoreU(packed, du, reinterpret_cast<uint32_t*>(out));
 }
 #endif
@@ -131,10 +158,14 @@ HWY_INLINE void MaskRange(const DropArgs& a, int64_t e0, int64_t e1) {
 #if HWY_TARGET != HWY_SCALAR
   const hn::ScalableTag<uint32_t> du;
   const size_t lanes = hn::Lanes(du);
-  while (g + lanes <= full_end) {
-    if (uint32_t(g) > UINT32_MAX - uint32_t(lanes - 1)) break;  // lo32 would wrap: scalar
-    MaskGroupsVector(du, a, g, a.mask + g * 4);
-    g += lanes;
+  if (g + lanes <= full_end) {
+    PhiloxConsts k;
+    InitConsts(a, k);
+    while (g + lanes <= full_end) {
+      if (uint32_t(g) > UINT32_MAX - uint32_t(lanes - 1)) break;  // lo32 would wrap: scalar
+      MaskGroupsVector(k, g, a.mask + g * 4);
+      g += lanes;
+    }
   }
 #endif
   for (; g < full_end; ++g) MaskGroupScalar(a, g, a.mask + g * 4, 4);
