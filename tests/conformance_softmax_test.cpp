@@ -635,6 +635,34 @@ TEST(SoftmaxConformanceSpecial, EmptyRowsAreZero) {
   }
 }
 
+// TE's masked score is exactly -10000 (not -inf): when the kept scores are
+// near -10000 the masked columns take part. A row of x = -10000 (scale 1)
+// with half its columns masked is uniform over every column; a row of
+// -10003 with one column masked puts ~e^3 / (e^3 + sk - 1) on that column.
+TEST(SoftmaxConformanceSpecial, MaskedScoreIsMinus10000) {
+  for (int64_t sk : {8, 37}) {
+    SCOPED_TRACE(sk);
+    const std::vector<int64_t> shape = {1, 1, 2, sk};
+    Tensor x(DType::kF32, shape);
+    Tensor m(DType::kU8, {1, 1, 2, sk});
+    for (int64_t j = 0; j < sk; ++j) {
+      x.set(j, -10000.0);
+      x.set(sk + j, -10003.0);
+      m.set(j, j % 2);
+    }
+    m.set(sk + 1, 1);
+    const double e3 = std::exp(3.0);
+    CheckAll("scaled_masked_softmax_forward", {x, m}, DType::kF32, shape, 1.0f,
+             [&](const std::string& impl, const Tensor& y) {
+               SCOPED_TRACE(impl);
+               for (int64_t j = 0; j < sk; ++j) {
+                 EXPECT_NEAR(y.at(j), 1.0 / double(sk), 1e-6) << j;
+                 EXPECT_NEAR(y.at(sk + j), (j == 1 ? e3 : 1.0) / (e3 + double(sk - 1)), 1e-6) << j;
+               }
+             });
+  }
+}
+
 // Large outputs (>= 32 MiB) with 64-byte aligned rows: default.portable
 // streams them with non-temporal stores, a path the grid never reaches.
 TEST(SoftmaxConformanceSpecial, LargeAlignedOutputs) {
@@ -643,9 +671,9 @@ TEST(SoftmaxConformanceSpecial, LargeAlignedOutputs) {
     DType t;
     std::vector<int64_t> shape;
   };
-  for (const Case& c : {Case{"scaled_upper_triang_masked_softmax_forward", DType::kF32, {2, 2048, 2048}},
-                        Case{"scaled_softmax_forward", DType::kBF16, {1, 2, 4096, 2048}},
-                        Case{"scaled_softmax_backward", DType::kBF16, {1, 2, 4096, 2048}}}) {
+  // Aligned causal with sq > sk: empty, partial and full rows, all streamed.
+  for (const Case& c : {Case{"scaled_aligned_causal_masked_softmax_forward", DType::kBF16, {1, 1, 8192, 2048}},
+                        Case{"scaled_softmax_backward", DType::kBF16, {1, 1, 8192, 2048}}}) {
     const std::string seed = fmt::format("{}_{}_large", c.op, DTypeName(c.t));
     SCOPED_TRACE(seed);
     const bool bwd = std::string(c.op).find("backward") != std::string::npos;

@@ -8,15 +8,16 @@
 //
 // Forward, per row (one read of x from memory, the rest in L1):
 //  1. s = scale * x (or -10000 where the mask is 1) into an fp32 scratch row,
-//     with the running max and a NaN flag (x86 max does not propagate NaN);
-//     columns [kept, round_up(kept, lanes)) are padded with -inf;
-//  2. s = exp(s - max) in place (Highway's Exp, <= 1 ulp; Exp(-inf) = 0), sum
-//     in fp32 over two accumulators, while the next row is prefetched;
+//     with the running max; columns [kept, round_up(kept, lanes)) are padded
+//     with -inf;
+//  2. s = exp(s - max) in place (ExpNonPositive below: <= ~2 ulp, 0 for
+//     -inf, NaN for NaN), summed in fp32 over two accumulators, while the
+//     next row is prefetched;
 //  3. y = s * (1 / sum) for j < kept, 0 after; stored, or streamed with
 //     non-temporal stores for large aligned outputs.
-// A row with a NaN score, a +inf score (exp(inf - inf) = NaN) or only -inf
-// scores is NaN in its kept columns, like the reference (Highway's Exp maps
-// NaN to 0, so these rows are detected up front). A row with no kept column
+// Non-finite scores need no special case: a NaN score, a +inf score (inf -
+// inf) or a row of only -inf (-inf - -inf) puts a NaN into the sum, so the
+// kept columns are NaN, as in the reference. A row with no kept column
 // (fully masked; aligned causal with sq > sk) is 0.
 //
 // Backward: dx = scale * y * (dy - sum(dy * y)), the sum in fp32 over four
