@@ -104,7 +104,6 @@ inline size_t SmElemSize(DType t) { return t == DType::kF32 ? 4 : 2; }
 #include <hwy/highway.h>
 
 #include "backends/portable/simd_io-inl.h"
-#include "hwy/contrib/math/math-inl.h"
 
 // ---- Per-target kernels ------------------------------------------------------
 HWY_BEFORE_NAMESPACE();
