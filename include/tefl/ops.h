@@ -193,10 +193,16 @@ TEFL_STATIC_ASSERT(offsetof(tefl_softmax_attrs, scale) == 8, "append-only");
 #define TEFL_SOFTMAX_ATTRS_STRUCT_SIZE TEFL_STRUCT_SIZE(tefl_softmax_attrs, scale)
 
 /* dropout_fwd / dropout_bwd. Defaults: p 0.1, seed 0, offset 0. The keep mask
- * of element i is a pure function of (seed, offset, i): Philox-4x32-10 with
- * key seed and counter (offset, i / 4), word i % 4; kept iff the word is
- * >= p * 2^32. The same (seed, offset) gives the same mask on any thread
- * count and in any implementation. */
+ * of element i (row-major index) is a pure function of (seed, offset, i):
+ * Philox-4x32-10 (Random123's philox4x32_10: multipliers 0xD2511F53,
+ * 0xCD9E8D57, key bumps 0x9E3779B9, 0xBB67AE85, 10 rounds) with
+ *   key     = (lo32(seed), hi32(seed)),
+ *   counter = (lo32(i / 4), hi32(i / 4), lo32(offset), hi32(offset)),
+ * takes word i % 4 of the result; element i is kept (mask 1) iff that word
+ * >= ceil(p * 2^32) (exact: p is a float, so p * 2^32 is exact in double; p
+ * = 0 keeps everything). The same (seed, offset) gives the same mask on any
+ * thread count and in any implementation. dropout_bwd reads any nonzero
+ * mask byte as kept. */
 typedef struct tefl_dropout_attrs {
   size_t struct_size;
   uint64_t seed;

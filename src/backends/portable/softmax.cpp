@@ -1,8 +1,661 @@
-// SCAFFOLD (to be replaced by the softmax family): portable kernels.
-#include "backends/backends.h"
+// default.portable softmax kernels: the scaled, masked, upper-triangular and
+// aligned causal softmax forward ops and their backward (maths in
+// spec/ops.md, "Softmax"; semantics of masks, empty rows and non-finite
+// scores as in the reference, src/backends/reference/softmax.cpp).
+//
+// Google Highway with runtime ISA dispatch (foreach_target.h); rows are
+// spread over the host thread pool.
+//
+// Forward, per row (one read of x from memory, the rest in L1):
+//  1. s = scale * x (or -10000 where the mask is 1) into an fp32 scratch row,
+//     with the running max; columns [kept, round_up(kept, lanes)) are padded
+//     with -inf;
+//  2. s = exp(s - max) in place (ExpNonPositive below: <= ~2 ulp, 0 for
+//     -inf, NaN for NaN), summed in fp32 over two accumulators, while the
+//     next row is prefetched;
+//  3. y = s * (1 / sum) for j < kept, 0 after; stored, or streamed with
+//     non-temporal stores for large aligned outputs.
+// Non-finite scores need no special case: a NaN score, a +inf score (inf -
+// inf) or a row of only -inf (-inf - -inf) puts a NaN into the sum, so the
+// kept columns are NaN, as in the reference. A row with no kept column
+// (fully masked; aligned causal with sq > sk) is 0.
+//
+// Backward: dx = scale * y * (dy - sum(dy * y)), the sum in fp32 over four
+// accumulators; rows where dy, y and dx share one dtype run templated on it,
+// mixed dtypes go through fp32 copies of the row. dx may be exactly dy (in
+// place): the sum is taken before dx is written, and each vector of dy is
+// loaded before dx at the same index is stored.
+//
+// Host contract (validated before the call): CPU tensors, compact row-major,
+// element-aligned data, fp32/fp16/bf16 (each tensor on its own), shapes as
+// the schema says, no aliasing except input_grads exactly over output_grads.
+#include <hwy/cache_control.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <memory>
+#include <new>
+#include <type_traits>
+
+#include "backends/backends.h"
+#include "core/dtype.h"
+#include "tefl/ops.h"
+#include "tefl/tefl.h"
+
+// ---- State shared by every target (defined once) ---------------------------
+#ifndef TEFL_BACKENDS_PORTABLE_SOFTMAX_SHARED_
+#define TEFL_BACKENDS_PORTABLE_SOFTMAX_SHARED_
+namespace tefl::backends {
+namespace {
+
+enum SoftmaxKind : int { kPlain = 0, kMasked = 1, kUpperTriang = 2, kAlignedCausal = 3 };
+
+struct SmFwdArgs {
+  int kind;
+  DType tx, ty;
+  int64_t sq, sk, heads;
+  float scale;
+  const void* x;
+  void* y;
+  const uint8_t* mask;  // kMasked only
+  bool mask_broadcast;  // mask [1, 1, sq, sk]
+  bool stream;          // non-temporal y stores (large outputs, aligned rows)
+};
+
+struct SmBwdArgs {
+  DType tdy, ty, tdx;
+  int64_t sk;
+  float scale;
+  const void* dy;
+  const void* y;
+  void* dx;  // may be dy
+  bool stream;
+};
+
+// Columns [0, kept) of row r are scored; the rest of the row is 0.
+inline int64_t KeptColumns(const SmFwdArgs& a, int64_t r) {
+  const int64_t i = r % a.sq;
+  switch (a.kind) {
+    case kUpperTriang:
+      return std::min(a.sk, i + 1);
+    case kAlignedCausal:
+      return std::clamp<int64_t>(i + a.sk - a.sq + 1, 0, a.sk);
+    default:
+      return a.sk;
+  }
+}
+
+inline size_t SmElemSize(DType t) { return t == DType::kF32 ? 4 : 2; }
+
+}  // namespace
+}  // namespace tefl::backends
+#endif  // TEFL_BACKENDS_PORTABLE_SOFTMAX_SHARED_
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "backends/portable/softmax.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include "backends/portable/simd_io-inl.h"
+
+// ---- Per-target kernels ------------------------------------------------------
+HWY_BEFORE_NAMESPACE();
+namespace tefl::backends::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// ---- Forward pass 1: scores and their max ----------------------------------
+// No NaN bookkeeping: a NaN score (or inf - inf below) reaches ExpNonPositive,
+// which propagates it into the sum, and so into every kept column.
+template <bool kHasMask, class TX>
+HWY_INLINE float ScoreRow(const TX* HWY_RESTRICT x, const uint8_t* HWY_RESTRICT m, size_t kept, float scale,
+                          float* HWY_RESTRICT s) {
+  const hn::ScalableTag<float> df;
+  const size_t nf = hn::Lanes(df);
+  const auto vscale = hn::Set(df, scale);
+  const auto vmasked = hn::Set(df, -10000.0f);
+  auto vmax = hn::Set(df, -std::numeric_limits<float>::infinity());
+  auto vmax2 = vmax;
+  size_t j = 0;
+  const auto score = [&](size_t at) HWY_ATTR {
+    auto v = hn::Mul(LoadF(df, x + at), vscale);
+    if constexpr (kHasMask) {
+      const hn::Rebind<uint8_t, decltype(df)> d8;
+      const hn::Rebind<uint32_t, decltype(df)> du;
+      const auto mk = hn::Ne(hn::PromoteTo(du, hn::LoadU(d8, m + at)), hn::Zero(du));
+      v = hn::IfThenElse(hn::RebindMask(df, mk), vmasked, v);
+    }
+    return v;
+  };
+  for (; j + 2 * nf <= kept; j += 2 * nf) {
+    const auto v0 = score(j), v1 = score(j + nf);
+    hn::StoreU(v0, df, s + j);
+    hn::StoreU(v1, df, s + j + nf);
+    vmax = hn::Max(vmax, v0);
+    vmax2 = hn::Max(vmax2, v1);
+  }
+  for (; j + nf <= kept; j += nf) {
+    const auto v0 = score(j);
+    hn::StoreU(v0, df, s + j);
+    vmax = hn::Max(vmax, v0);
+  }
+  float mx = hn::GetLane(hn::MaxOfLanes(df, hn::Max(vmax, vmax2)));
+  for (; j < kept; ++j) {
+    const float v = kHasMask && m[j] != 0 ? -10000.0f : scale * ScalarLoad(x + j);
+    s[j] = v;
+    mx = std::max(mx, v);
+  }
+  // Pad to whole vectors with -inf: exp gives 0 there.
+  const size_t padded = (kept + nf - 1) / nf * nf;
+  for (; j < padded; ++j) s[j] = -std::numeric_limits<float>::infinity();
+  return mx;
+}
+
+// e^x for x <= 0 or NaN (x = s - max): NaN for NaN, 0 below about -87.7
+// (including -inf). x = n ln2 + r with n = round(x / ln2) by the 1.5 * 2^23
+// trick (n is then also the low bits of t) and one fp32 ln2 (its error, n *
+// 2e-9, is far below the tolerance where e^x matters); e^r by its Taylor
+// polynomial of degree kDeg (Horner) on |r| <= ln2 / 2, truncation error
+// 0.347^(kDeg+1) / (kDeg+1)!: 1.3e-7 relative for kDeg 6 (fp32 outputs),
+// 2.4e-6 for 5 (fp16: 0.5% of its ulp), 4.2e-5 for 4 (bf16: 1% of its ulp);
+// then times 2^n built from the bits. x is first clamped to >= -88, where n
+// = -127 and the 2^n bits are 0: e^x = 0 there, no compare needed. On x86
+// Max(c, x) returns x when x is NaN (maxps returns its second operand), so
+// NaN passes through; elsewhere an explicit select keeps it.
+// Cheaper than hn::Exp (one 2^n instead of two, no float -> int conversion
+// with overflow fix-ups), and NaN stays NaN (hn::Exp maps NaN to 0).
+template <int kDeg, class DF, class V>
+HWY_INLINE V ExpNonPositive(DF df, V x) {
+  const hn::RebindToSigned<DF> di;
+  const auto kLow = hn::Set(df, -88.0f);
+#if HWY_ARCH_X86
+  x = hn::Max(kLow, x);
+#else
+  x = hn::IfThenElse(hn::Lt(x, kLow), kLow, x);
+#endif
+  const auto kMagic = hn::Set(df, 12582912.0f);  // 1.5 * 2^23
+  const auto t = hn::MulAdd(x, hn::Set(df, 1.44269504088896341f), kMagic);
+  const auto r = hn::NegMulAdd(hn::Sub(t, kMagic), hn::Set(df, 0.693147180559945309f), x);
+  auto p = hn::Set(df, 1.0f / 720);
+  if constexpr (kDeg >= 6) p = hn::MulAdd(p, r, hn::Set(df, 1.0f / 120));
+  if constexpr (kDeg == 5) p = hn::Set(df, 1.0f / 120);
+  if constexpr (kDeg >= 5) p = hn::MulAdd(p, r, hn::Set(df, 1.0f / 24));
+  if constexpr (kDeg == 4) p = hn::Set(df, 1.0f / 24);
+  p = hn::MulAdd(p, r, hn::Set(df, 1.0f / 6));
+  p = hn::MulAdd(p, r, hn::Set(df, 0.5f));
+  p = hn::MulAdd(p, r, hn::Set(df, 1.0f));
+  p = hn::MulAdd(p, r, hn::Set(df, 1.0f));
+  // t's bits are those of kMagic plus n: (n + 127) << 23 is 2^n (0 for n = -127).
+  const int32_t magic_bits = 0x4B400000;
+  const auto pow2n = hn::BitCast(df, hn::ShiftLeft<23>(hn::Add(hn::BitCast(di, t), hn::Set(di, 127 - magic_bits))));
+  return hn::Mul(p, pow2n);
+}
+
+// ---- Forward pass 2: s = exp(s - max), returns the sum ---------------------
+template <int kDeg, class TX>
+HWY_INLINE float ExpRow(float* HWY_RESTRICT s, size_t padded, float mx, const TX* next, size_t next_len) {
+  const hn::ScalableTag<float> df;
+  const size_t nf = hn::Lanes(df);
+  const auto vmx = hn::Set(df, mx);
+  auto sum0 = hn::Zero(df), sum1 = hn::Zero(df);
+  size_t j = 0;
+  for (; j + 2 * nf <= padded; j += 2 * nf) {
+    if (j < next_len) __builtin_prefetch(next + j, 0, 2);
+    if (sizeof(TX) == 4 && j + nf < next_len) __builtin_prefetch(next + j + nf, 0, 2);
+    const auto e0 = ExpNonPositive<kDeg>(df, hn::Sub(hn::LoadU(df, s + j), vmx));
+    const auto e1 = ExpNonPositive<kDeg>(df, hn::Sub(hn::LoadU(df, s + j + nf), vmx));
+    hn::StoreU(e0, df, s + j);
+    hn::StoreU(e1, df, s + j + nf);
+    sum0 = hn::Add(sum0, e0);
+    sum1 = hn::Add(sum1, e1);
+  }
+  for (; j < padded; j += nf) {
+    const auto e0 = ExpNonPositive<kDeg>(df, hn::Sub(hn::LoadU(df, s + j), vmx));
+    hn::StoreU(e0, df, s + j);
+    sum0 = hn::Add(sum0, e0);
+  }
+  return hn::GetLane(hn::SumOfLanes(df, hn::Add(sum0, sum1)));
+}
+
+// ---- Forward pass 3: y = s * inv for j < kept, 0 after ----------------------
+template <bool kStream, class TY>
+HWY_INLINE void WriteRow(const float* HWY_RESTRICT s, size_t kept, size_t sk, float inv, TY* HWY_RESTRICT y) {
+  const hn::ScalableTag<float> df;
+  const size_t nf = hn::Lanes(df);
+  const size_t padded = (kept + nf - 1) / nf * nf;  // s is exp'd (0 in the padding) below this
+  const auto vinv = hn::Set(df, inv);
+  const auto out = [&](size_t j) HWY_ATTR { return j < padded ? hn::Mul(hn::LoadU(df, s + j), vinv) : hn::Zero(df); };
+  size_t j = 0;
+#if HWY_TARGET != HWY_SCALAR
+  if constexpr (std::is_same_v<TY, bfloat16_t>) {
+    const hn::Repartition<uint16_t, decltype(df)> du16;
+    uint16_t* HWY_RESTRICT yu = reinterpret_cast<uint16_t*>(y);
+    // A row with a finite 1 / sum holds no NaN: round without the NaN care.
+    const bool finite = std::isfinite(inv);
+    const hn::RebindToUnsigned<decltype(df)> du;
+    const auto round_finite = [&](auto v) HWY_ATTR {
+      const auto b = hn::BitCast(du, v);
+      return hn::BitCast(du16,
+                         hn::Add(b, hn::Add(hn::Set(du, 0x7FFFu), hn::And(hn::ShiftRight<16>(b), hn::Set(du, 1u)))));
+    };
+    for (; j + 2 * nf <= sk; j += 2 * nf) {
+      const auto bits = finite ? hn::ConcatOdd(du16, round_finite(out(j + nf)), round_finite(out(j)))
+                               : RoundToBF16Bits2(out(j), out(j + nf), df);
+      if constexpr (kStream) {
+        StreamF(bits, du16, yu + j);
+      } else {
+        StoreF(bits, du16, yu + j);
+      }
+    }
+  }
+#endif
+  for (; j + nf <= sk; j += nf) {
+    if constexpr (kStream) {
+      StreamF(out(j), df, y + j);
+    } else {
+      StoreF(out(j), df, y + j);
+    }
+  }
+  for (; j < sk; ++j) ScalarStore(j < kept ? s[j] * inv : 0.0f, y + j);
+}
+
+template <bool kHasMask, class TX>
+HWY_INLINE float ScoreRowX(const SmFwdArgs& a, int64_t r, const uint8_t* m, size_t kept, float* s) {
+  return ScoreRow<kHasMask>(static_cast<const TX*>(a.x) + size_t(r) * size_t(a.sk), m, kept, a.scale, s);
+}
+
+template <bool kHasMask>
+HWY_INLINE float ScoreAny(const SmFwdArgs& a, int64_t r, const uint8_t* m, size_t kept, float* s) {
+  switch (a.tx) {
+    case DType::kF32:
+      return ScoreRowX<kHasMask, float>(a, r, m, kept, s);
+    case DType::kBF16:
+      return ScoreRowX<kHasMask, bfloat16_t>(a, r, m, kept, s);
+    default:
+      return ScoreRowX<kHasMask, float16_t>(a, r, m, kept, s);
+  }
+}
+
+template <int kDeg>
+HWY_INLINE float ExpRowX(const SmFwdArgs& a, float* s, size_t padded, float mx, size_t off, size_t next_len) {
+  switch (a.tx) {
+    case DType::kF32:
+      return ExpRow<kDeg>(s, padded, mx, static_cast<const float*>(a.x) + off, next_len);
+    case DType::kBF16:
+      return ExpRow<kDeg>(s, padded, mx, static_cast<const bfloat16_t*>(a.x) + off, next_len);
+    default:
+      return ExpRow<kDeg>(s, padded, mx, static_cast<const float16_t*>(a.x) + off, next_len);
+  }
+}
+
+HWY_INLINE float ExpAny(const SmFwdArgs& a, int64_t r, int64_t r1, float* s, size_t padded, float mx) {
+  // The next row of this chunk (this row again for the last) is prefetched.
+  const int64_t nr = r + 1 < r1 ? r + 1 : r;
+  const size_t next_len = size_t(KeptColumns(a, nr));
+  const size_t off = size_t(nr) * size_t(a.sk);
+  switch (a.ty) {  // the polynomial degree follows the output's precision
+    case DType::kF32:
+      return ExpRowX<6>(a, s, padded, mx, off, next_len);
+    case DType::kF16:
+      return ExpRowX<5>(a, s, padded, mx, off, next_len);
+    default:
+      return ExpRowX<4>(a, s, padded, mx, off, next_len);
+  }
+}
+
+template <bool kStream>
+HWY_INLINE void WriteAny(const SmFwdArgs& a, int64_t r, const float* s, size_t kept, float inv) {
+  const size_t sk = size_t(a.sk), off = size_t(r) * sk;
+  switch (a.ty) {
+    case DType::kF32:
+      return WriteRow<kStream>(s, kept, sk, inv, static_cast<float*>(a.y) + off);
+    case DType::kBF16:
+      return WriteRow<kStream>(s, kept, sk, inv, static_cast<bfloat16_t*>(a.y) + off);
+    default:
+      return WriteRow<kStream>(s, kept, sk, inv, static_cast<float16_t*>(a.y) + off);
+  }
+}
+
+// Exported: forward rows [r0, r1); s holds round_up(sk, lanes) floats.
+void SoftmaxFwdRows(const SmFwdArgs& a, int64_t r0, int64_t r1, float* s) {
+  const hn::ScalableTag<float> df;
+  const size_t nf = hn::Lanes(df);
+  for (int64_t r = r0; r < r1; ++r) {
+    const size_t kept = size_t(KeptColumns(a, r));
+    const uint8_t* m = nullptr;
+    if (a.kind == kMasked) {
+      const int64_t i = r % a.sq, b = r / (a.heads * a.sq);
+      m = a.mask + size_t(((a.mask_broadcast ? 0 : b) * a.sq + i) * a.sk);
+    }
+    // No kept column (causal above the diagonal, or every score masked): 0.
+    const bool none = kept == 0 || (m != nullptr && std::memchr(m, 0, kept) == nullptr);
+    float inv = 0.0f;
+    size_t live = 0;  // columns whose s is valid
+    if (!none) {
+      const float mx = m ? ScoreAny<true>(a, r, m, kept, s) : ScoreAny<false>(a, r, nullptr, kept, s);
+      live = kept;
+      // NaN when the row holds a NaN, a +inf (inf - inf) or only -inf.
+      inv = 1.0f / ExpAny(a, r, r1, s, (kept + nf - 1) / nf * nf, mx);
+    }
+    if (a.stream) {
+      WriteAny<true>(a, r, s, live, inv);
+    } else {
+      WriteAny<false>(a, r, s, live, inv);
+    }
+  }
+  if (a.stream) hwy::FlushStream();
+}
+
+// ---- Backward -----------------------------------------------------------------
+// One dtype for dy, y and dx. dy and dx may be the same memory: no restrict.
+template <bool kStream, class T>
+HWY_INLINE void BwdRowT(const T* dy, const T* HWY_RESTRICT y, T* dx, size_t sk, float scale, const T* next_dy,
+                        const T* next_y) {
+  const hn::ScalableTag<float> df;
+  const size_t nf = hn::Lanes(df);
+  auto a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
+  size_t j = 0;
+  for (; j + 4 * nf <= sk; j += 4 * nf) {
+    a0 = hn::MulAdd(LoadF(df, dy + j), LoadF(df, y + j), a0);
+    a1 = hn::MulAdd(LoadF(df, dy + j + nf), LoadF(df, y + j + nf), a1);
+    a2 = hn::MulAdd(LoadF(df, dy + j + 2 * nf), LoadF(df, y + j + 2 * nf), a2);
+    a3 = hn::MulAdd(LoadF(df, dy + j + 3 * nf), LoadF(df, y + j + 3 * nf), a3);
+  }
+  for (; j + nf <= sk; j += nf) a0 = hn::MulAdd(LoadF(df, dy + j), LoadF(df, y + j), a0);
+  float dot = hn::GetLane(hn::SumOfLanes(df, hn::Add(hn::Add(a0, a1), hn::Add(a2, a3))));
+  for (; j < sk; ++j) dot += ScalarLoad(dy + j) * ScalarLoad(y + j);
+
+  const auto vdot = hn::Set(df, dot);
+  const auto vscale = hn::Set(df, scale);
+  const auto grad = [&](size_t at) HWY_ATTR {
+    return hn::Mul(hn::Mul(vscale, LoadF(df, y + at)), hn::Sub(LoadF(df, dy + at), vdot));
+  };
+  j = 0;
+#if HWY_TARGET != HWY_SCALAR
+  if constexpr (std::is_same_v<T, bfloat16_t>) {
+    const hn::Repartition<uint16_t, decltype(df)> du16;
+    uint16_t* yu = reinterpret_cast<uint16_t*>(dx);
+    for (; j + 2 * nf <= sk; j += 2 * nf) {
+      __builtin_prefetch(next_dy + j, 0, 2);
+      __builtin_prefetch(next_y + j, 0, 2);
+      const auto bits = RoundToBF16Bits2(grad(j), grad(j + nf), df);
+      if constexpr (kStream) {
+        StreamF(bits, du16, yu + j);
+      } else {
+        StoreF(bits, du16, yu + j);
+      }
+    }
+  }
+#endif
+  for (; j + nf <= sk; j += nf) {
+    __builtin_prefetch(next_dy + j, 0, 2);
+    __builtin_prefetch(next_y + j, 0, 2);
+    if constexpr (kStream) {
+      StreamF(grad(j), df, dx + j);
+    } else {
+      StoreF(grad(j), df, dx + j);
+    }
+  }
+  for (; j < sk; ++j) ScalarStore(scale * ScalarLoad(y + j) * (ScalarLoad(dy + j) - dot), dx + j);
+}
+
+template <bool kStream, class T>
+HWY_INLINE void BwdRowsSame(const SmBwdArgs& a, int64_t r0, int64_t r1) {
+  const size_t sk = size_t(a.sk);
+  const T* dy = static_cast<const T*>(a.dy);
+  const T* y = static_cast<const T*>(a.y);
+  T* dx = static_cast<T*>(a.dx);
+  for (int64_t r = r0; r < r1; ++r) {
+    const size_t off = size_t(r) * sk;
+    const size_t noff = (r + 1 < r1 ? size_t(r + 1) : size_t(r)) * sk;
+    BwdRowT<kStream>(dy + off, y + off, dx + off, sk, a.scale, dy + noff, y + noff);
+  }
+}
+
+// Mixed dtypes: rows converted to fp32 (buf holds 3 * sk floats).
+template <class T>
+HWY_INLINE void ToF32(const void* base, size_t off, size_t n, float* dst) {
+  const hn::ScalableTag<float> df;
+  const size_t nf = hn::Lanes(df);
+  const T* src = static_cast<const T*>(base) + off;
+  size_t i = 0;
+  for (; i + nf <= n; i += nf) hn::StoreU(LoadF(df, src + i), df, dst + i);
+  for (; i < n; ++i) dst[i] = ScalarLoad(src + i);
+}
+HWY_INLINE void RowToF32(const void* base, DType t, size_t off, size_t n, float* dst) {
+  if (t == DType::kF32) return ToF32<float>(base, off, n, dst);
+  if (t == DType::kBF16) return ToF32<bfloat16_t>(base, off, n, dst);
+  return ToF32<float16_t>(base, off, n, dst);
+}
+template <class T>
+HWY_INLINE void FromF32(const float* src, size_t n, void* base, size_t off) {
+  const hn::ScalableTag<float> df;
+  const size_t nf = hn::Lanes(df);
+  T* dst = static_cast<T*>(base) + off;
+  size_t i = 0;
+  for (; i + nf <= n; i += nf) StoreF(hn::LoadU(df, src + i), df, dst + i);
+  for (; i < n; ++i) ScalarStore(src[i], dst + i);
+}
+HWY_INLINE void RowFromF32(const float* src, size_t n, DType t, void* base, size_t off) {
+  if (t == DType::kF32) return FromF32<float>(src, n, base, off);
+  if (t == DType::kBF16) return FromF32<bfloat16_t>(src, n, base, off);
+  return FromF32<float16_t>(src, n, base, off);
+}
+
+// Exported: backward rows [r0, r1); buf holds 3 * sk floats (mixed dtypes).
+void SoftmaxBwdRows(const SmBwdArgs& a, int64_t r0, int64_t r1, float* buf) {
+  if (a.tdy == a.ty && a.ty == a.tdx) {
+    switch (a.ty) {
+      case DType::kF32:
+        return a.stream ? BwdRowsSame<true, float>(a, r0, r1) : BwdRowsSame<false, float>(a, r0, r1);
+      case DType::kBF16:
+        return a.stream ? BwdRowsSame<true, bfloat16_t>(a, r0, r1) : BwdRowsSame<false, bfloat16_t>(a, r0, r1);
+      default:
+        return a.stream ? BwdRowsSame<true, float16_t>(a, r0, r1) : BwdRowsSame<false, float16_t>(a, r0, r1);
+    }
+  }
+  const size_t sk = size_t(a.sk);
+  float* dy = buf;
+  float* y = buf + sk;
+  float* dx = buf + 2 * sk;
+  for (int64_t r = r0; r < r1; ++r) {
+    const size_t off = size_t(r) * sk;
+    RowToF32(a.dy, a.tdy, off, sk, dy);
+    RowToF32(a.y, a.ty, off, sk, y);
+    BwdRowT<false>(dy, y, dx, sk, a.scale, dy, y);
+    RowFromF32(dx, sk, a.tdx, a.dx, off);
+  }
+}
+
+}  // namespace tefl::backends::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+// ---- Dispatch, threading and registration (compiled once) ------------------
+#if HWY_ONCE
 namespace tefl::backends {
 
-tefl_status* RegisterPortableSoftmax(const tefl_registrar&) { return nullptr; }
+HWY_EXPORT(SoftmaxFwdRows);
+HWY_EXPORT(SoftmaxBwdRows);
+
+namespace {
+
+// Output bytes above which results are written with non-temporal stores (an
+// output larger than a typical L3 is evicted before it is read back anyway;
+// streaming saves the read-for-ownership of every line).
+constexpr int64_t kStreamMinBytes = int64_t(32) << 20;
+// Scratch row: sk rounded up to the widest vector (16 floats) and then some.
+size_t ScratchFloats(int64_t sk) { return (size_t(sk) + 15) / 16 * 16 + 16; }
+
+bool IsFloat(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+
+tefl_status* Status(const tefl_call_frame* f, int32_t code, const char* what) noexcept {
+  char msg[256];
+  std::snprintf(msg, sizeof(msg), "%s (default.portable): %s", f->op_name ? f->op_name : "softmax", what);
+  return f->host->status_new(code, msg);
+}
+
+int64_t Rows(const DLTensor* x) {
+  int64_t n = 1;
+  for (int d = 0; d + 1 < x->ndim; ++d) n *= x->shape[d];
+  return n;
+}
+
+bool StreamOk(void* out, int64_t rows, int64_t sk, DType t) {
+  const int64_t row_bytes = sk * int64_t(SmElemSize(t));
+  return rows * row_bytes >= kStreamMinBytes && row_bytes % 64 == 0 && reinterpret_cast<uintptr_t>(out) % 64 == 0;
+}
+
+// A chunk's scratch is allocated by the chunk (no exception may leave the
+// pool's body); a failed allocation is reported after the loop.
+struct FwdCtx {
+  const SmFwdArgs* a;
+  size_t scratch;
+  std::atomic<bool> oom{false};
+};
+void FwdBody(void* ctx, int64_t begin, int64_t end) {
+  auto& c = *static_cast<FwdCtx*>(ctx);
+  std::unique_ptr<float[]> s(new (std::nothrow) float[c.scratch]());
+  if (!s) {
+    c.oom.store(true);
+    return;
+  }
+  HWY_DYNAMIC_DISPATCH(SoftmaxFwdRows)(*c.a, begin, end, s.get());
+}
+
+struct BwdCtx {
+  const SmBwdArgs* a;
+  size_t scratch;  // 0: none needed
+  std::atomic<bool> oom{false};
+};
+void BwdBody(void* ctx, int64_t begin, int64_t end) {
+  auto& c = *static_cast<BwdCtx*>(ctx);
+  std::unique_ptr<float[]> s;
+  if (c.scratch) {
+    s.reset(new (std::nothrow) float[c.scratch]());
+    if (!s) {
+      c.oom.store(true);
+      return;
+    }
+  }
+  HWY_DYNAMIC_DISPATCH(SoftmaxBwdRows)(*c.a, begin, end, s.get());
+}
+
+int64_t Grain(int64_t sk) { return std::max<int64_t>(1, (int64_t(16) << 10) / std::max<int64_t>(sk, 1)); }
+
+tefl_status* Forward(const tefl_call_frame* f, int kind) {
+  try {
+    const DLTensor* x = f->inputs[0];
+    DLTensor* y = f->outputs[0];
+    const DType tx = DTypeOf(x->dtype), ty = DTypeOf(y->dtype);
+    if (!IsFloat(tx) || !IsFloat(ty)) return Status(f, TEFL_UNSUPPORTED, "dtypes other than fp32/fp16/bf16");
+    const int nd = x->ndim;
+    const int64_t rows = Rows(x);
+    const int64_t sk = x->shape[nd - 1];
+    if (rows == 0 || sk == 0) return nullptr;
+    SmFwdArgs a{};
+    a.kind = kind;
+    a.tx = tx;
+    a.ty = ty;
+    a.sq = x->shape[nd - 2];
+    a.sk = sk;
+    a.heads = nd == 4 ? x->shape[1] : 1;
+    a.scale = static_cast<const tefl_softmax_attrs*>(f->attrs)->scale;
+    a.x = DataPtr(x);
+    a.y = DataPtr(y);
+    if (kind == kMasked) {
+      const DLTensor* m = f->inputs[1];
+      if (DTypeOf(m->dtype) != DType::kU8) return Status(f, TEFL_UNSUPPORTED, "mask dtypes other than uint8");
+      a.mask = static_cast<const uint8_t*>(DataPtr(m));
+      a.mask_broadcast = m->shape[0] == 1;
+    }
+    a.stream = StreamOk(a.y, rows, sk, ty);
+    FwdCtx c{&a, ScratchFloats(sk)};
+    f->host->parallel_for(rows, Grain(sk), FwdBody, &c);
+    if (c.oom.load()) return Status(f, TEFL_RUNTIME_ERROR, "scratch row allocation failed");
+    return nullptr;
+  } catch (const std::exception& e) {
+    return Status(f, TEFL_INTERNAL, e.what());
+  } catch (...) {
+    return Status(f, TEFL_INTERNAL, "unknown exception");
+  }
+}
+
+tefl_status* Backward(const tefl_call_frame* f) {
+  try {
+    const DLTensor* dy = f->inputs[0];
+    const DLTensor* y = f->inputs[1];
+    DLTensor* dx = f->outputs[0];
+    SmBwdArgs a{};
+    a.tdy = DTypeOf(dy->dtype);
+    a.ty = DTypeOf(y->dtype);
+    a.tdx = DTypeOf(dx->dtype);
+    if (!IsFloat(a.tdy) || !IsFloat(a.ty) || !IsFloat(a.tdx))
+      return Status(f, TEFL_UNSUPPORTED, "dtypes other than fp32/fp16/bf16");
+    const int64_t rows = Rows(dy);
+    a.sk = dy->shape[dy->ndim - 1];
+    if (rows == 0 || a.sk == 0) return nullptr;
+    a.scale = static_cast<const tefl_softmax_attrs*>(f->attrs)->scale;
+    a.dy = DataPtr(dy);
+    a.y = DataPtr(y);
+    a.dx = DataPtr(dx);
+    const bool same = a.tdy == a.ty && a.ty == a.tdx;
+    a.stream = same && StreamOk(a.dx, rows, a.sk, a.tdx);
+    BwdCtx c{&a, same ? 0 : 3 * ScratchFloats(a.sk)};
+    f->host->parallel_for(rows, Grain(a.sk), BwdBody, &c);
+    if (c.oom.load()) return Status(f, TEFL_RUNTIME_ERROR, "scratch row allocation failed");
+    return nullptr;
+  } catch (const std::exception& e) {
+    return Status(f, TEFL_INTERNAL, e.what());
+  } catch (...) {
+    return Status(f, TEFL_INTERNAL, "unknown exception");
+  }
+}
+
+tefl_status* PlainFwd(const tefl_call_frame* f, void*) { return Forward(f, kPlain); }
+tefl_status* MaskedFwd(const tefl_call_frame* f, void*) { return Forward(f, kMasked); }
+tefl_status* TriangFwd(const tefl_call_frame* f, void*) { return Forward(f, kUpperTriang); }
+tefl_status* CausalFwd(const tefl_call_frame* f, void*) { return Forward(f, kAlignedCausal); }
+tefl_status* AnyBwd(const tefl_call_frame* f, void*) { return Backward(f); }
+
+}  // namespace
+
+tefl_status* RegisterPortableSoftmax(const tefl_registrar& registrar) {
+  struct Entry {
+    const char* op;
+    tefl_kernel_fn fn;
+  };
+  static constexpr Entry kEntries[] = {
+      {"scaled_softmax_forward", PlainFwd},
+      {"scaled_softmax_backward", AnyBwd},
+      {"scaled_masked_softmax_forward", MaskedFwd},
+      {"scaled_masked_softmax_backward", AnyBwd},
+      {"scaled_upper_triang_masked_softmax_forward", TriangFwd},
+      {"scaled_upper_triang_masked_softmax_backward", AnyBwd},
+      {"scaled_aligned_causal_masked_softmax_forward", CausalFwd},
+      {"scaled_aligned_causal_masked_softmax_backward", AnyBwd},
+  };
+  for (const Entry& e : kEntries) {
+    tefl_impl_desc desc{};
+    desc.struct_size = TEFL_IMPL_DESC_STRUCT_SIZE;
+    desc.op_name = e.op;
+    desc.impl_id = "default.portable";
+    desc.kind = TEFL_KIND_DEFAULT;
+    desc.priority = 0;
+    desc.vendor = nullptr;
+    desc.device_mask = TEFL_DEVICE_BIT(kDLCPU);
+    desc.kernel = e.fn;
+    desc.supports = nullptr;
+    desc.user_data = nullptr;
+    if (tefl_status* s = registrar.register_impl(registrar.ctx, &desc)) return s;
+  }
+  return nullptr;
+}
 
 }  // namespace tefl::backends
+#endif  // HWY_ONCE

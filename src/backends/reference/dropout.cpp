@@ -1,8 +1,80 @@
-// SCAFFOLD (to be replaced by the dropout family): reference kernels.
+// reference.cpp — dropout: dropout_fwd / dropout_bwd (spec/ops.md,
+// "Dropout"; the keep rule in include/tefl/ops.h and backends/philox.h).
+//
+// The oracle: one element at a time, the scalar Philox-4x32-10, the output
+// x * m / (1 - p) computed in double and rounded once (m = 1 kept, 0
+// dropped; IEEE: a dropped NaN or inf gives NaN, as x * 0 does). The backward
+// treats any nonzero mask byte as kept.
+#include <cstdint>
+
 #include "backends/backends.h"
+#include "backends/philox.h"
+#include "core/dtype.h"
+#include "tefl/ops.h"
 
 namespace tefl::backends {
+namespace {
 
-tefl_status* RegisterReferenceDropout(const tefl_registrar&) { return nullptr; }
+const tefl_dropout_attrs& Attrs(const tefl_call_frame* f) { return *static_cast<const tefl_dropout_attrs*>(f->attrs); }
+
+tefl_status* Fwd(const tefl_call_frame* f, void*) {
+  const tefl_dropout_attrs& a = Attrs(f);
+  const DLTensor* x = f->inputs[0];
+  const DType tx = DTypeOf(x->dtype), ty = DTypeOf(f->outputs[0]->dtype);
+  const void* xp = DataPtr(x);
+  void* yp = DataPtr(f->outputs[0]);
+  auto* mask = static_cast<uint8_t*>(DataPtr(f->outputs[1]));
+  const int64_t n = NumElements(x);
+  const uint32_t threshold = DropoutThreshold(a.p);
+  const double inv_keep = 1.0 / (1.0 - double(a.p));
+  Philox4 words{};
+  for (int64_t i = 0; i < n; ++i) {
+    if (i % 4 == 0) words = DropoutWords(a.seed, a.offset, uint64_t(i) / 4);
+    const uint8_t keep = words.v[i % 4] >= threshold ? 1 : 0;
+    mask[i] = keep;
+    StoreFromDouble(yp, i, ty, double(LoadAsFloat(xp, i, tx)) * double(keep) * inv_keep);
+  }
+  return nullptr;
+}
+
+tefl_status* Bwd(const tefl_call_frame* f, void*) {
+  const tefl_dropout_attrs& a = Attrs(f);
+  const DLTensor* dy = f->inputs[0];
+  const DType tdy = DTypeOf(dy->dtype), tdx = DTypeOf(f->outputs[0]->dtype);
+  const void* dyp = DataPtr(dy);
+  const auto* mask = static_cast<const uint8_t*>(DataPtr(f->inputs[1]));
+  void* dxp = DataPtr(f->outputs[0]);
+  const int64_t n = NumElements(dy);
+  const double inv_keep = 1.0 / (1.0 - double(a.p));
+  for (int64_t i = 0; i < n; ++i) {
+    const double keep = mask[i] != 0 ? 1.0 : 0.0;
+    StoreFromDouble(dxp, i, tdx, double(LoadAsFloat(dyp, i, tdy)) * keep * inv_keep);
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+tefl_status* RegisterReferenceDropout(const tefl_registrar& registrar) {
+  struct Entry {
+    const char* op;
+    tefl_kernel_fn kernel;
+  };
+  static constexpr Entry kEntries[] = {{"dropout_fwd", Fwd}, {"dropout_bwd", Bwd}};
+  for (const Entry& e : kEntries) {
+    const tefl_impl_desc desc = {TEFL_IMPL_DESC_STRUCT_SIZE,
+                                 e.op,
+                                 "reference.cpp",
+                                 TEFL_KIND_REFERENCE,
+                                 0,
+                                 nullptr,
+                                 TEFL_DEVICE_BIT(kDLCPU),
+                                 e.kernel,
+                                 nullptr,
+                                 nullptr};
+    if (tefl_status* s = registrar.register_impl(registrar.ctx, &desc)) return s;
+  }
+  return nullptr;
+}
 
 }  // namespace tefl::backends
