@@ -324,7 +324,8 @@ TEST(SoftmaxConformanceSpecial, BackwardInPlace) {
         Tensor out_of_place = Output(dt, shape);
         Tensor a = dy, b = y;
         const Status s1 = RunImpl(info.bwd, impl, {&a, &b}, {&out_of_place}, &attrs);
-        if (!MustServe(impl) && s1.IsUnsupported()) continue;
+        // Any other implementation may decline (strict policy: FAILED_PRECONDITION).
+        if (!MustServe(impl) && (s1.IsUnsupported() || s1.code() == TEFL_FAILED_PRECONDITION)) continue;
         ASSERT_TRUE(s1.ok()) << s1.ToString();
         Tensor inplace = dy, b2 = y;
         const Status s2 = RunImpl(info.bwd, impl, {&inplace, &b2}, {&inplace}, &attrs);
