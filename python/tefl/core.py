@@ -263,6 +263,9 @@ class SelectionPolicy:
                               set(self.deny_vendors), set(self.allow_vendors) if self.allow_vendors is not None
                               else None)
         object.__setattr__(self, "_core", h)
+        # libtefl's canonical form (tokens lower-cased, aliases resolved), so
+        # that equal policies compare equal.
+        object.__setattr__(self, "per_op_order", _norm_per_op(h.per_op_order))
 
     @classmethod
     def from_dict(cls, prefer: str = PREFER_DEFAULT, strict: bool = False, per_op_order=None, deny_vendors=None,
