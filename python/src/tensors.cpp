@@ -211,7 +211,7 @@ nb::object NumpyView(const DLTensor* t) {
   void* data = static_cast<char*>(t->data) + t->byte_offset;
   nb::ndarray<nb::numpy> view(data, size_t(t->ndim), shape.data(), nb::handle(), t->strides, dt, t->device.device_type,
                               t->device.device_id);
-  return view.cast();
+  return view.cast(nb::rv_policy::reference);  // a view: valid for the duration of the call
 }
 
 }  // namespace tefl::python

@@ -248,6 +248,7 @@ class OpSignature:
         otype = {tgt: py for py, role, tgt in self.params if role == "otype"}
         has_outs = any(role == "outs" for _, role, _ in self.params)
         nout = len(self.outs)
+        alloc_lines: List[str] = []
         for k, n in enumerate(self.outs):
             given = out_param.get(n)
             if given is None and has_outs:
@@ -261,10 +262,18 @@ class OpSignature:
                     dtype = f"_otype({otype[n]}, {dtype})"
                 alloc = f"_empty({ref}, {shape}, {dtype})"
             if given is None:
-                body.append(f"_o{k} = {alloc}")
+                alloc_lines.append(f"_o{k} = {alloc}")
             else:
-                body.append(f"_o{k} = {given}")
-                body.append(f"if _o{k} is None: _o{k} = {alloc}")
+                alloc_lines.append(f"_o{k} = {given}")
+                alloc_lines.append(f"if _o{k} is None: _o{k} = {alloc}")
+        # Allocation reads the inputs' shapes: a non-tensor argument fails
+        # there, before libtefl's validation; say which one (no cost when
+        # nothing is raised).
+        body.append("try:")
+        body += ["    " + line for line in alloc_lines]
+        body.append("except (AttributeError, TypeError, IndexError) as __e:")
+        ins_t = "(" + ", ".join(f"_i{j}" for j in range(len(self.ins))) + ("," if len(self.ins) == 1 else "") + ")"
+        body.append(f"    _alloc_error({self.name!r}, {ins_t}, __e)")
         tup = lambda xs: "(" + ", ".join(xs) + ("," if len(xs) == 1 else "") + ")"
         I = tup([f"_i{j}" for j in range(len(self.ins))])
         O = tup([f"_o{k}" for k in range(nout)])
@@ -437,6 +446,21 @@ def _need_out(op, name):
                      f"pass it with out=")
 
 
+def _alloc_error(op, inputs, error):
+    schema = BY_NAME[op]
+    for j, (arg, value) in enumerate(zip(schema["inputs"], inputs)):
+        if value is None:
+            if not arg["optional"]:
+                raise ValueError(f"{op}: argument '{arg['name']}' (input {j}): is required, got None") from None
+            continue
+        if not hasattr(value, "shape") or not hasattr(value, "dtype"):
+            raise TypeError(f"{op}: argument '{arg['name']}' (input {j}): expected a tensor (torch.Tensor, "
+                            f"numpy.ndarray or a DLPack / buffer-protocol object), got "
+                            f"{type(value).__name__}") from None
+    raise ValueError(f"{op}: cannot allocate the outputs ({error}); check the inputs against the schema: "
+                     + "; ".join(f"'{a['name']}' {a['shape']}" for a in schema["inputs"])) from error
+
+
 def _no_quantizer(op, param):
     raise NotImplementedError(f"{op}: '{param}' must be None (tefl has no quantized outputs)")
 
@@ -498,6 +522,7 @@ _HELPERS = {
     "_pick": _pick,
     "_need_out": _need_out,
     "_no_quantizer": _no_quantizer,
+    "_alloc_error": _alloc_error,
     "_split3": _split3,
     "_prod": _prod,
     "_dropout_rng": _dropout_rng,
