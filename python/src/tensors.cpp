@@ -16,6 +16,68 @@ std::string ArgLabel(const OpSchema& op, bool input, int index) {
 
 std::string TypeNameOf(nb::handle h) { return nb::type_name(h.type()).c_str(); }
 
+bool PyArray_CheckLike(PyObject* obj);
+
+// DLPack 1.3's C exchange API (`type(obj).__dlpack_c_exchange_api__`, a
+// capsule "dlpack_exchange_api"; torch >= 2.10 provides it): fills a DLTensor
+// for a borrowed object with no allocation and no Python-level __dlpack__
+// call — about 50x cheaper than the capsule protocol for a torch tensor.
+// Mirrors the layout of the standard's DLPackExchangeAPI (only read here).
+struct DLPackVersionV1 {
+  uint32_t major, minor;
+};
+struct DLPackExchangeAPIHeaderV1 {
+  DLPackVersionV1 version;
+  DLPackExchangeAPIHeaderV1* prev_api;
+};
+using DLTensorFromPyObjectFn = int (*)(void* py_object, DLTensor* out);
+struct DLPackExchangeAPIV1 {
+  DLPackExchangeAPIHeaderV1 header;
+  void* managed_tensor_allocator;
+  void* managed_tensor_from_py_object_no_sync;
+  void* managed_tensor_to_py_object_no_sync;
+  DLTensorFromPyObjectFn dltensor_from_py_object_no_sync;
+  void* current_work_stream;
+};
+
+// Per Python type: the exchange function, or NULL (use nb::ndarray). A few
+// types at most (torch.Tensor, nn.Parameter, ...); looked up under the GIL.
+struct FastType {
+  PyTypeObject* type;
+  DLTensorFromPyObjectFn fn;
+};
+constexpr int kFastTypes = 8;
+FastType g_fast_types[kFastTypes];
+int g_num_fast_types = 0;
+
+DLTensorFromPyObjectFn ExchangeFnOf(PyObject* obj) {
+  PyTypeObject* type = Py_TYPE(obj);
+  for (int i = 0; i < g_num_fast_types; ++i)
+    if (g_fast_types[i].type == type) return g_fast_types[i].fn;
+  DLTensorFromPyObjectFn fn = nullptr;
+  if (type != nullptr && !PyArray_CheckLike(obj)) {
+    PyObject* cap = PyObject_GetAttrString(reinterpret_cast<PyObject*>(type), "__dlpack_c_exchange_api__");
+    if (cap != nullptr && PyCapsule_IsValid(cap, "dlpack_exchange_api")) {
+      auto* api = static_cast<const DLPackExchangeAPIV1*>(PyCapsule_GetPointer(cap, "dlpack_exchange_api"));
+      if (api != nullptr && api->header.version.major == 1 && api->header.version.minor >= 2)
+        fn = api->dltensor_from_py_object_no_sync;
+    }
+    Py_XDECREF(cap);
+    PyErr_Clear();
+  }
+  if (g_num_fast_types < kFastTypes) {
+    Py_INCREF(type);  // cached types stay alive
+    g_fast_types[g_num_fast_types++] = FastType{type, fn};
+  }
+  return fn;
+}
+
+// numpy arrays take nanobind's buffer / __dlpack__ path (already cheap).
+bool PyArray_CheckLike(PyObject* obj) {
+  const char* name = Py_TYPE(obj)->tp_name;
+  return std::strcmp(name, "numpy.ndarray") == 0;
+}
+
 template <typename Array>
 void FillTensor(const Array& arr, DLTensor* t) {
   const nb::dlpack::dtype dt = arr.dtype();
@@ -65,6 +127,12 @@ void ConvertTensors(const OpSchema& op, nb::handle inputs, nb::handle outputs, C
       out->inputs[size_t(i)] = nullptr;
       continue;
     }
+    if (DLTensorFromPyObjectFn fn = ExchangeFnOf(h.ptr())) {
+      DLTensor* t = &out->tensors[size_t(i)];
+      if (fn(h.ptr(), t) != 0) throw nb::python_error();
+      out->inputs[size_t(i)] = t;  // valid while the caller's object is (it is borrowed for the call)
+      continue;
+    }
     nb::ndarray<nb::ro> arr;
     if (!nb::try_cast(h, arr, false)) {
       throw nb::type_error(fmt::format("{}: expected a tensor (torch.Tensor, numpy.ndarray or a DLPack / "
@@ -82,6 +150,12 @@ void ConvertTensors(const OpSchema& op, nb::handle inputs, nb::handle outputs, C
     nb::handle h(out_items[i]);
     if (h.is_none()) {
       out->outputs[size_t(i)] = nullptr;
+      continue;
+    }
+    if (DLTensorFromPyObjectFn fn = ExchangeFnOf(h.ptr())) {
+      DLTensor* t = &out->tensors[size_t(nin + i)];
+      if (fn(h.ptr(), t) != 0) throw nb::python_error();
+      out->outputs[size_t(i)] = t;
       continue;
     }
     nb::ndarray<> arr;

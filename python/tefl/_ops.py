@@ -327,35 +327,53 @@ class OpSignature:
         return "\n".join(lines)
 
     # ---- calling a Python implementation -----------------------------------
+    def _impl_plan(self):
+        """(positional input indices, [(kwarg, role, index)]) for impl_call."""
+        pos, kw = [], []
+        for idx, (py, role, tgt) in enumerate(self.params):
+            if role == "in":
+                j = self.ins.index(tgt)
+                if idx < self.positional_ins:
+                    pos.append(j)
+                else:
+                    kw.append((py, "in", j))
+            elif role in ("attr", "rng"):
+                k = self.attrs.index(tgt)
+                kw.append((py, "bool" if self.schema["attrs"][k]["type"] == "bool" else "attr", k))
+            elif role == "out":
+                kw.append((py, "out", self.outs.index(tgt)))
+            elif role in ("outs", "quantizer"):
+                kw.append((py, "none", 0))
+            elif role == "otype":
+                kw.append((py, "otype", self.outs.index(tgt)))
+            elif role == "split3":
+                kw.append((py, "split3", tuple(self.attrs.index(a) for a in tgt)))
+        return tuple(pos), tuple(kw)
+
     def impl_call(self, fn, inputs, outputs, attrs):
         """Calls a Python implementation with this op's Python signature and
         stores its results into `outputs`."""
-        args = []
+        plan = self.__dict__.get("_plan")
+        if plan is None:
+            plan = self._plan = self._impl_plan()
+        pos, kwplan = plan
         kwargs = {}
-        for idx, (py, role, tgt) in enumerate(self.params):
-            if role == "in":
-                v = inputs[self.ins.index(tgt)]
-                if idx < self.positional_ins:
-                    args.append(v)
-                else:
-                    kwargs[py] = v
-            elif role in ("attr", "rng"):
-                k = self.attrs.index(tgt)
-                v = attrs[k]
-                if self.schema["attrs"][k]["type"] == "bool":
-                    v = bool(v)
-                kwargs[py] = v
-            elif role == "out":
-                kwargs[py] = outputs[self.outs.index(tgt)]
-            elif role == "outs":
+        for py, what, k in kwplan:
+            if what == "in":
+                kwargs[py] = inputs[k]
+            elif what == "attr":
+                kwargs[py] = attrs[k]
+            elif what == "bool":
+                kwargs[py] = bool(attrs[k])
+            elif what == "out":
+                kwargs[py] = outputs[k]
+            elif what == "none":
                 kwargs[py] = None
-            elif role == "quantizer":
-                kwargs[py] = None
-            elif role == "otype":
-                kwargs[py] = te_dtype_of(outputs[self.outs.index(tgt)])
-            elif role == "split3":
-                kwargs[py] = [attrs[self.attrs.index(a)] for a in tgt]
-        result = fn(*args, **kwargs)
+            elif what == "otype":
+                kwargs[py] = te_dtype_of(outputs[k])
+            else:  # split3
+                kwargs[py] = [attrs[i] for i in k]
+        result = fn(*[inputs[j] for j in pos], **kwargs)
         self.store(result, outputs)
 
     def store(self, result, outputs) -> None:
@@ -424,10 +442,18 @@ def _otype(otype, default):
     return dtype_name(otype)
 
 
+_TE_DTYPE_CACHE: Dict[Any, Optional[DType]] = {}
+
+
 def te_dtype_of(t) -> Optional[DType]:
     if t is None:
         return None
-    return NAME_TO_DTYPE.get(dtype_name(t.dtype))
+    dt = t.dtype
+    try:
+        return _TE_DTYPE_CACHE[dt]
+    except KeyError:
+        v = _TE_DTYPE_CACHE[dt] = NAME_TO_DTYPE.get(dtype_name(dt))
+        return v
 
 
 def _pick(out, k, n):
@@ -512,8 +538,9 @@ def copy_into(dst, value, op, name):
     torch = sys.modules["torch"]
     if not isinstance(value, torch.Tensor):
         value = torch.as_tensor(np.asarray(value))
-    with torch.no_grad():
-        dst.copy_(value)
+    elif value.requires_grad:
+        value = value.detach()
+    dst.copy_(value)  # outputs tefl allocates never require grad
 
 
 _HELPERS = {

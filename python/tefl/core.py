@@ -572,10 +572,9 @@ class OpManager:
 
     def call(self, op: str, *args, **kwargs):
         """Calls `op` with its Python signature (see tefl.<op>.__doc__)."""
-        if not self._initialized:
-            self.ensure_initialized()
-        f = self._fns.get(op)
+        f = self._fns.get(op)  # filled only once initialised
         if f is None:
+            self.ensure_initialized()
             f = self._function(op)
         return f(*args, **kwargs)
 

@@ -140,3 +140,15 @@ def test_numpy_in_numpy_out_zero_copy(manager):
     y, _, rs = manager.call("rmsnorm_fwd", x, w, 1e-5, z)
     assert y is z and isinstance(rs, np.ndarray) and rs.dtype == np.float32
     np.testing.assert_allclose(y, x / np.sqrt((x ** 2).mean(-1, keepdims=True) + 1e-5), rtol=1e-5, atol=1e-5)
+
+
+def test_torch_subclasses_and_grad_tensors_go_through_dlpack(manager):
+    x = torch.randn(3, 16, requires_grad=True)
+    w = torch.nn.Parameter(torch.randn(16))
+    y, _, rs = manager.call("rmsnorm_fwd", x, w)  # no copy: TE passes such tensors under no_grad
+    ref = x.detach() * torch.rsqrt(x.detach().pow(2).mean(-1, keepdim=True) + 1e-5) * w.detach()
+    torch.testing.assert_close(y, ref)
+    assert not y.requires_grad
+    view = torch.randn(6, 16)[::2]  # rows strided: not compact, rejected with the strides named
+    with pytest.raises(ValueError, match=r"strides \[32, 1\]"):
+        manager.call("rmsnorm_fwd", view, w)
