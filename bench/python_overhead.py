@@ -4,7 +4,7 @@ implementation directly, on small tensors, in the same run.
 
     python bench/python_overhead.py [--rows 4] [--hidden 64] [--repeat 15] [--number 20000] [--json]
 
-Measures, per call (best of --repeat medians of --number calls):
+Measures, per call (the fastest of --repeat interleaved rounds of --number calls):
   direct      the chosen implementation's OpImpl.fn (native: the same
               argument binding, output allocation and DLPack conversion as
               the manager, then that kernel alone)
@@ -37,7 +37,8 @@ def per_call(fn, number):
 
 
 def bench(cases, repeat, number):
-    """Interleaved rounds (each case once per round), best median."""
+    """Interleaved rounds (each case once per round); the fastest round of
+    each case (the least disturbed by other work on a shared machine)."""
     samples = {k: [] for k in cases}
     for fn in cases.values():  # warm up (resolution, caches)
         for _ in range(200):
@@ -45,15 +46,15 @@ def bench(cases, repeat, number):
     for _ in range(repeat):
         for k, fn in cases.items():
             samples[k].append(per_call(fn, number))
-    return {k: min(statistics.median(v[i:i + 3]) for i in range(0, max(1, len(v) - 2))) for k, v in samples.items()}
+    return {k: min(v) for k, v in samples.items()}
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=64)
-    ap.add_argument("--repeat", type=int, default=15)
-    ap.add_argument("--number", type=int, default=20000)
+    ap.add_argument("--repeat", type=int, default=25)
+    ap.add_argument("--number", type=int, default=5000)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     torch.set_num_threads(1)

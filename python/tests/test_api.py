@@ -332,3 +332,21 @@ def test_ops_are_package_functions_with_te_signatures():
     assert set(tefl.ops()) <= set(dir(tefl))
     with pytest.raises(AttributeError):
         tefl.no_such_op
+
+
+def test_reset_default_manager_builds_a_fresh_pair(monkeypatch):
+    import tefl.core as core
+
+    monkeypatch.setattr(core, "_default_manager", core._default_manager)  # restored after the test
+    monkeypatch.setattr(core, "_default_is_core", core._default_is_core)
+    first = tefl.get_default_manager()
+    first.registry.register_impl(OpImpl("layernorm_bwd", "vendor.only_in_first", "vendor", fn_a, vendor="x")) \
+        if first.registry.get_implementation("layernorm_bwd", "vendor.only_in_first") is None else None
+    tefl.reset_default_manager()
+    second = tefl.get_default_manager()
+    assert second is not first and second is tefl.get_default_manager()
+    assert second.registry.get_implementation("layernorm_bwd", "vendor.only_in_first") is None
+    assert {"reference.cpp", "default.portable"} <= {i.impl_id for i in
+                                                     second.registry.get_implementations("layernorm_bwd")}
+    y, _, _ = tefl.rmsnorm_fwd(torch.randn(2, 8), torch.ones(8))  # module functions follow the new default
+    assert second.get_selected_impl_id("rmsnorm_fwd") == "default.portable"
