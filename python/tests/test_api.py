@@ -345,6 +345,7 @@ def test_reset_default_manager_builds_a_fresh_pair(monkeypatch):
     tefl.reset_default_manager()
     second = tefl.get_default_manager()
     assert second is not first and second is tefl.get_default_manager()
+    second.ensure_initialized()  # built-ins are registered at initialisation (the first call)
     assert second.registry.get_implementation("layernorm_bwd", "vendor.only_in_first") is None
     assert {"reference.cpp", "default.portable"} <= {i.impl_id for i in
                                                      second.registry.get_implementations("layernorm_bwd")}
