@@ -18,7 +18,6 @@ C++ round trip and storing the results), and with preallocated outputs.
 """
 import argparse
 import json
-import statistics
 import sys
 import time
 

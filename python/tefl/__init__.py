@@ -8,7 +8,7 @@ torch tensors and numpy arrays go in and come out without copies (DLPack).
 """
 from __future__ import annotations
 
-from . import _core
+from . import _core  # noqa: F401 - loads libtefl first
 from ._ops import SCHEMAS as _SCHEMAS
 from ._ops import BY_NAME as _BY_NAME
 from ._types import (DType, NVTE_Bias_Type, NVTE_Fused_Attn_Backend, NVTE_Mask_Type, NVTE_QKV_Format,

@@ -14,17 +14,16 @@ hand-written wrapper.
 """
 from __future__ import annotations
 
-import itertools
 import math
 import sys
 import threading
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from . import _core
 from ._shapes import output_rule
-from ._types import DTYPE_NAMES, NAME_TO_DTYPE, DType, dtype_name
+from ._types import NAME_TO_DTYPE, DType, dtype_name
 
 # ---- schemas ---------------------------------------------------------------------
 
@@ -291,7 +290,7 @@ class OpSignature:
         rets = [f"_o{k}" if k is not None else "None" for k in self.returns]
         body.append("return " + (rets[0] if len(rets) == 1 else tup(rets)))
         fn = self.name
-        src = [f"def __make(__call, __id, __ref, __pget):",
+        src = ["def __make(__call, __id, __ref, __pget):",
                f"    def {fn}({', '.join(sig)}):"]
         src += ["        " + line for line in body]
         src += [f"    {fn}.__qualname__ = {fn!r}", f"    return {fn}"]

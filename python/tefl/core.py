@@ -16,10 +16,10 @@ import inspect
 import os
 import sys
 import threading
-from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple
 
 from . import _core, _dispatch
-from ._ops import BY_NAME, SIGNATURES, schema_of, signature_of
+from ._ops import BY_NAME, schema_of, signature_of
 from ._types import INT_TO_KIND, KIND_TO_INT, BackendImplKind, dtype_name
 
 TeflError = _core.TeflError

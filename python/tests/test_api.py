@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import tefl
-from tefl import BackendImplKind, OpImpl, OpManager, OpRegistry, SelectionPolicy
+from tefl import BackendImplKind, OpImpl, OpRegistry, SelectionPolicy
 
 SPEC_NAMES = """BackendImplKind OpImpl match_token OpRegistry SelectionPolicy PolicyManager get_policy
 set_global_policy reset_global_policy policy_context policy_from_env get_policy_epoch bump_policy_epoch

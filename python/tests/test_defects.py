@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import tefl
-from tefl import OpImpl, SelectionPolicy
+from tefl import OpImpl
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
