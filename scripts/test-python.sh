@@ -11,13 +11,14 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 start=$(date +%s)
 
-pip_install() {
-  # A root pip on Debian 12 refuses the system interpreter without
-  # --break-system-packages (PEP 668); a virtualenv or pyenv Python does not.
-  if ! "$PY" -m pip install --quiet --disable-pip-version-check "$@"; then
-    "$PY" -m pip install --quiet --disable-pip-version-check --break-system-packages "$@"
-  fi
-}
+# A root pip on Debian 12's system Python refuses to install without
+# --break-system-packages (PEP 668: an EXTERNALLY-MANAGED marker next to the
+# standard library); a virtualenv or pyenv interpreter has no marker.
+PIP_FLAGS=(--quiet --disable-pip-version-check)
+if "$PY" -c 'import os, sys, sysconfig; sys.exit(0 if sys.prefix == sys.base_prefix and os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")) else 1)'; then
+  PIP_FLAGS+=(--break-system-packages)
+fi
+pip_install() { "$PY" -m pip install "${PIP_FLAGS[@]}" "$@"; }
 
 need=()
 "$PY" -c "import nanobind" 2>/dev/null || need+=(nanobind)
