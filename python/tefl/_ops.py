@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import sys
-import threading
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -516,25 +515,19 @@ def _prod(xs) -> int:
     return math.prod(xs)
 
 
-# Dropout randomness: a seed (torch.initial_seed() when torch is loaded, so
-# torch.manual_seed makes runs reproducible; else 0) and an offset advanced by
-# each call past the Philox counters it used, as TE's generator does.
-_rng_lock = threading.Lock()
-_rng_state = {"seed": None, "offset": 0}
-
-
+# Dropout randomness: when no seed is given, each call draws one from the
+# framework's default generator (torch's for torch tensors, numpy's global
+# one otherwise), so torch.manual_seed / numpy.random.seed make runs
+# reproducible and successive calls differ; the Philox offset is then 0.
 def _dropout_rng(ref, seed, offset):
-    n = int(math.prod(ref.shape)) if ref is not None else 0
-    with _rng_lock:
+    if seed is None:
         torch = sys.modules.get("torch")
-        base = torch.initial_seed() if torch is not None else 0
-        if _rng_state["seed"] != base:
-            _rng_state["seed"], _rng_state["offset"] = base, 0
-        if seed is None:
-            seed = base & 0xFFFFFFFFFFFFFFFF
-        if offset is None:
-            offset = _rng_state["offset"]
-            _rng_state["offset"] += (n + 3) // 4
+        if torch is not None and isinstance(ref, torch.Tensor):
+            seed = int(torch.empty((), dtype=torch.int64).random_().item())
+        else:
+            seed = int(np.random.randint(0, np.iinfo(np.int64).max, dtype=np.int64))
+    if offset is None:
+        offset = 0
     return seed, offset
 
 

@@ -152,3 +152,23 @@ def test_torch_subclasses_and_grad_tensors_go_through_dlpack(manager):
     view = torch.randn(6, 16)[::2]  # rows strided: not compact, rejected with the strides named
     with pytest.raises(ValueError, match=r"strides \[32, 1\]"):
         manager.call("rmsnorm_fwd", view, w)
+
+
+def test_dropout_default_generator(manager):
+    if not manager.registry.get_implementations("dropout_fwd"):
+        pytest.skip("no dropout_fwd implementation in this build")
+    x = torch.ones(64, 64)
+    torch.manual_seed(5)
+    y1, m1 = manager.call("dropout_fwd", x, 0.5)
+    y2, m2 = manager.call("dropout_fwd", x, 0.5)
+    assert not torch.equal(m1, m2)  # the offset advances between calls
+    torch.manual_seed(5)
+    y3, m3 = manager.call("dropout_fwd", x, 0.5)
+    assert torch.equal(m1, m3) and torch.equal(y1, y3)  # torch.manual_seed makes it reproducible
+    assert 0.4 < m1.float().mean().item() < 0.6
+    torch.testing.assert_close(y1, m1.float() * 2)
+    y4, m4 = manager.call("dropout_fwd", x, 0.5, seed=11, offset=3)
+    y5, m5 = manager.call("dropout_fwd", x, 0.5, seed=11, offset=3)
+    assert torch.equal(m4, m5)
+    (dx,) = (manager.call("dropout_bwd", torch.ones(64, 64), m1, 0.5),)
+    torch.testing.assert_close(dx, m1.float() * 2)
