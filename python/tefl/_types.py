@@ -103,6 +103,9 @@ def dtype_name(dtype) -> str:
         torch = sys.modules.get("torch")
         if torch is not None and isinstance(dtype, torch.dtype):
             name = str(dtype).replace("torch.", "")
+        elif type(dtype).__name__ == "DType" and hasattr(dtype, "__int__"):
+            # TransformerEngine's own pybind11 DType (transformer_engine_torch_nv.DType)
+            return DTYPE_NAMES[DType(int(dtype))]
         else:
             import numpy as np
 

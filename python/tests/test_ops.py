@@ -109,6 +109,16 @@ def test_otype_and_ln_out(manager):
     assert y.dtype == torch.bfloat16
     y2, _, _ = manager.call("rmsnorm_fwd", x, w, otype=torch.float16)
     assert y2.dtype == torch.float16
+
+    class DType:  # stands for TransformerEngine's pybind11 enum (int-convertible, not an int)
+        def __init__(self, v):
+            self.v = v
+
+        def __int__(self):
+            return self.v
+
+    y4, _, _ = manager.call("rmsnorm_fwd", x, w, otype=DType(6))
+    assert y4.dtype == torch.bfloat16
     buf = torch.empty(4, 32)
     y3, _, _ = manager.call("rmsnorm_fwd", x, w, 1e-5, buf)
     assert y3 is buf  # written in place: zero-copy output
