@@ -1,0 +1,565 @@
+"""Op call signatures, generated from the C++ op schemas.
+
+Every catalogue op gets a Python function with TransformerEngine's call
+signature where one is known (the TE_SIGNATURES table, keyed by op name or
+family), else the generic one: the schema's inputs, then its attributes with
+their defaults, then ``out=`` (a tuple of output tensors, or one tensor for a
+single output). Outputs not passed are allocated like the inputs (torch in,
+torch out; numpy in, numpy out) from the shape rules of _shapes.py and the
+function returns them (TE's return layout, e.g. ``(y, None, rsigma)``).
+
+The source of each function is generated once per op and compiled; binding
+arguments is CPython's own work, so the call costs no more than a
+hand-written wrapper.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from . import _core
+from ._shapes import output_rule
+from ._types import NAME_TO_DTYPE, DType, dtype_name
+
+# ---- schemas ---------------------------------------------------------------------
+
+SCHEMAS: List[dict] = _core.ops_info()
+BY_NAME: Dict[str, dict] = {}
+BY_ID: Dict[int, dict] = {}
+for _s in SCHEMAS:
+    BY_NAME[_s["name"]] = _s
+    BY_ID[_s["id"]] = _s
+    for _alias in _s["aliases"]:
+        BY_NAME[_alias] = _s
+
+
+def schema_of(op: str) -> dict:
+    try:
+        return BY_NAME[op]
+    except KeyError:
+        raise KeyError(f"unknown op '{op}' (known: {', '.join(sorted(s['name'] for s in SCHEMAS))})") from None
+
+
+# ---- parameters ------------------------------------------------------------------
+# A parameter is (python name, role, schema name or names). Roles:
+#   in        a schema input            attr     a schema attribute
+#   out       a caller-provided output  outs     generic out= (tuple or tensor)
+#   quantizer TE's quantizer (must be None: tefl has no quantized outputs)
+#   otype     TE's output dtype (a DType, torch or numpy dtype) of one output
+#   split3    TE's qkv_split_arg_list -> three attributes
+#   rng       a dropout seed/offset attribute: None = the next value of
+#             tefl's dropout generator (see dropout_rng)
+_NONE = object()
+
+
+def IN(py, arg=None):
+    return (py, "in", arg or py)
+
+
+def AT(py, attr=None):
+    return (py, "attr", attr or py)
+
+
+def OUT(py, out):
+    return (py, "out", out)
+
+
+def QUANT(py="quantizer"):
+    return (py, "quantizer", None)
+
+
+def OTYPE(py, out):
+    return (py, "otype", out)
+
+
+def SPLIT3(py, attrs):
+    return (py, "split3", attrs)
+
+
+def RNG(py, attr=None):
+    return (py, "rng", attr or py)
+
+
+def _norm_fwd(layer: bool):
+    p = [IN("input", "x"), IN("weight", "gamma")] + ([IN("bias", "beta")] if layer else [])
+    p += [AT("eps"), OUT("ln_out", "z"), QUANT(), OTYPE("otype", "z"), AT("sm_margin"), AT("zero_centered_gamma")]
+    return p, (["z", "mu", "rsigma"] if layer else ["z", None, "rsigma"])
+
+
+def _rope(first: str):
+    return [IN(first), IN("freqs"), IN("start_positions"), AT("qkv_format"), AT("interleaved"), IN("cu_seqlens"),
+            AT("cp_size"), AT("cp_rank")], None
+
+
+def _te_for(schema) -> Optional[Tuple[list, Optional[list]]]:
+    """TransformerEngine's signature of an op (params, return layout), or None."""
+    name, family = schema["name"], schema["family"]
+    ins = [a["name"] for a in schema["inputs"]]
+    attrs = [a["name"] for a in schema["attrs"]]
+    outs = [a["name"] for a in schema["outputs"]]
+    if name == "layernorm_fwd":
+        return _norm_fwd(True)
+    if name == "rmsnorm_fwd":
+        return _norm_fwd(False)
+    if name in ("layernorm_bwd", "rmsnorm_bwd", "rmsnorm_bwd_add"):
+        return [IN(n) for n in ins] + [AT("sm_margin"), AT("zero_centered_gamma")], None
+    if name in ("fused_rope_forward", "fused_rope_backward"):
+        return _rope(ins[0])
+    if name == "fused_qkv_rope_forward":
+        return [IN("qkv_input", "qkv"), IN("q_freqs"), IN("k_freqs"), IN("start_positions"),
+                SPLIT3("qkv_split_arg_list", ("q_split", "k_split", "v_split")), AT("qkv_format"),
+                AT("interleaved"), AT("cp_size"), AT("cp_rank")], None
+    if name == "fused_qkv_rope_backward":
+        return [IN("q_grads"), IN("k_grads"), IN("v_grads"), IN("q_freqs"), IN("k_freqs"),
+                SPLIT3("qkv_split_arg_list", ("q_split", "k_split", "v_split")), AT("qkv_format"),
+                AT("interleaved"), AT("cp_size"), AT("cp_rank"), IN("start_positions")], None
+    if name == "dropout_fwd":
+        return [IN("input"), AT("dropout_probability", "p"), OUT("out", "output"), RNG("seed"), RNG("offset")], None
+    if name == "dropout_bwd":
+        return [IN("grad_output"), IN("mask"), AT("dropout_probability", "p"), OUT("grad_input", "grad_input")], None
+    if family == "activation":
+        # gelu(input, quantizer), dgelu(grad, fwd_input, quantizer),
+        # clamped_swiglu(input, quantizer, limit=7.0, alpha=1.702),
+        # dbias_dgelu(grad, fwd_input, quantizer) -> (dbias, dinput)
+        ret = None
+        if name.startswith("dbias_") and set(outs) == {"dbias", "dinput"}:
+            ret = ["dbias", "dinput"]
+        return [IN(n) for n in ins] + [QUANT()] + [AT(a) for a in attrs], ret
+    if family == "softmax":
+        # scaled_softmax_forward(input, scale); the others take scale_factor.
+        scale_name = "scale" if name == "scaled_softmax_forward" else "scale_factor"
+        return [IN(n) for n in ins] + [AT(scale_name if a == "scale" else a, a) for a in attrs], None
+    return None
+
+
+class OpSignature:
+    """The Python call signature of one op and its generated function source."""
+
+    def __init__(self, schema: dict):
+        self.schema = schema
+        self.name = schema["name"]
+        self.op_id = schema["id"]
+        ins = [a["name"] for a in schema["inputs"]]
+        attrs = [a["name"] for a in schema["attrs"]]
+        outs = [a["name"] for a in schema["outputs"]]
+        te = _te_for(schema)
+        params, returns = te if te is not None else ([], None)
+        if not self._valid(params, ins, attrs, outs):
+            params, returns = [], None  # schema names changed: generic signature
+        # Complete with what the TE signature does not mention (generic: all).
+        used = {("in", p[2]) for p in params if p[1] == "in"}
+        used |= {("attr", p[2]) for p in params if p[1] in ("attr", "rng")}
+        used |= {("attr", a) for p in params if p[1] == "split3" for a in p[2]}
+        names = {p[0] for p in params}
+        for n in ins:
+            if ("in", n) not in used:
+                params.append(IN(n if n not in names else f"in_{n}", n))
+        for n in attrs:
+            if ("attr", n) not in used:
+                params.append(AT(n if n not in names else f"attr_{n}", n))
+        if not any(p[1] in ("out", "outs") for p in params) or len(outs) > 1:
+            if "out" not in {p[0] for p in params}:
+                params.append(("out", "outs", None))
+        self.params = params
+        self.returns = [outs.index(r) if r is not None else None for r in (returns or outs)]
+        self.ins, self.attrs, self.outs = ins, attrs, outs
+        # Leading required inputs are positional (a Python implementation gets
+        # them positionally, everything else by keyword).
+        self.positional_ins = 0
+        for py, role, tgt in params:
+            if role != "in" or schema["inputs"][ins.index(tgt)]["optional"]:
+                break
+            self.positional_ins += 1
+
+    @staticmethod
+    def _valid(params, ins, attrs, outs) -> bool:
+        for py, role, tgt in params:
+            if role == "in" and tgt not in ins:
+                return False
+            if role in ("attr", "rng") and tgt not in attrs:
+                return False
+            if role in ("out", "otype") and tgt not in outs:
+                return False
+            if role == "split3" and not all(a in attrs for a in tgt):
+                return False
+        return True
+
+    # ---- the generated function --------------------------------------------
+    def source(self, mode: str) -> str:
+        """Source of a factory returning the op function.
+
+        mode "manager": __call(__id, inputs, outputs, attrs, __pget())
+        mode "impl":    __call(__ref, __id, inputs, outputs, attrs)
+        """
+        s = self.schema
+        sig: List[str] = []
+        body: List[str] = []
+        required_done = False
+        for py, role, tgt in self.params:
+            if role == "in":
+                opt = s["inputs"][self.ins.index(tgt)]["optional"]
+                if opt or required_done:
+                    sig.append(f"{py}=None")
+                    required_done = True
+                else:
+                    sig.append(py)
+            elif role == "attr":
+                a = s["attrs"][self.attrs.index(tgt)]
+                sig.append(f"{py}={a['default']!r}")
+                required_done = True
+            else:
+                sig.append(f"{py}=None")
+                required_done = True
+        var_in = {}
+        for py, role, tgt in self.params:
+            if role == "in":
+                var_in[tgt] = py
+        for j, n in enumerate(self.ins):
+            body.append(f"_i{j} = {var_in[n]}")
+        for py, role, tgt in self.params:
+            if role == "quantizer":
+                body.append(f"if {py} is not None: _no_quantizer({self.name!r}, {py!r})")
+        attr_expr = {}
+        for py, role, tgt in self.params:
+            if role == "attr":
+                attr_expr[tgt] = py
+            elif role == "split3":
+                k0, k1, k2 = (self.attrs.index(a) for a in tgt)
+                body.append(f"_a{k0}, _a{k1}, _a{k2} = _split3({self.name!r}, {py!r}, {py})")
+                for a in tgt:
+                    attr_expr[a] = None
+        rng = [(py, tgt) for py, role, tgt in self.params if role == "rng"]
+        for k, n in enumerate(self.attrs):
+            e = attr_expr.get(n, "")
+            if e:
+                body.append(f"_a{k} = {e}")
+        if rng:
+            names = [py for py, _ in rng]
+            cond = " or ".join(f"{p} is None" for p in names)
+            body.append(f"if {cond}: {', '.join(names)} = _dropout_rng(_i0, {', '.join(names)})")
+            for py, tgt in rng:
+                body.append(f"_a{self.attrs.index(tgt)} = {py}")
+        out_param = {tgt: py for py, role, tgt in self.params if role == "out"}
+        otype = {tgt: py for py, role, tgt in self.params if role == "otype"}
+        has_outs = any(role == "outs" for _, role, _ in self.params)
+        nout = len(self.outs)
+        alloc_lines: List[str] = []
+        for k, n in enumerate(self.outs):
+            given = out_param.get(n)
+            if given is None and has_outs:
+                given = f"_pick(out, {k}, {nout})"
+            rule = output_rule(s, k)
+            if rule is None:
+                alloc = f"_need_out({self.name!r}, {n!r})"
+            else:
+                shape, dtype, ref = rule
+                like = shape == f"{ref}.shape" and dtype == f"{ref}.dtype"
+                if n in otype and like:
+                    alloc = f"(_like({ref}) if {otype[n]} is None else _empty({ref}, {shape}, _otype({otype[n]}, {dtype})))"
+                elif n in otype:
+                    alloc = f"_empty({ref}, {shape}, _otype({otype[n]}, {dtype}))"
+                elif like:
+                    alloc = f"_like({ref})"  # torch.empty_like is 2x cheaper than torch.empty
+                else:
+                    alloc = f"_empty({ref}, {shape}, {dtype})"
+            if given is None:
+                alloc_lines.append(f"_o{k} = {alloc}")
+            else:
+                alloc_lines.append(f"_o{k} = {given}")
+                alloc_lines.append(f"if _o{k} is None: _o{k} = {alloc}")
+        # Allocation reads the inputs' shapes: a non-tensor argument fails
+        # there, before libtefl's validation; say which one (no cost when
+        # nothing is raised).
+        body.append("try:")
+        body += ["    " + line for line in alloc_lines]
+        body.append("except (AttributeError, TypeError, IndexError) as __e:")
+        ins_t = "(" + ", ".join(f"_i{j}" for j in range(len(self.ins))) + ("," if len(self.ins) == 1 else "") + ")"
+        body.append(f"    _alloc_error({self.name!r}, {ins_t}, __e)")
+        tup = lambda xs: "(" + ", ".join(xs) + ("," if len(xs) == 1 else "") + ")"
+        I = tup([f"_i{j}" for j in range(len(self.ins))])
+        O = tup([f"_o{k}" for k in range(nout)])
+        A = tup([f"_a{k}" for k in range(len(self.attrs))])
+        if mode == "manager":
+            body.append(f"__call(__id, {I}, {O}, {A}, __pget())")
+        else:
+            body.append(f"__call(__ref, __id, {I}, {O}, {A})")
+        rets = [f"_o{k}" if k is not None else "None" for k in self.returns]
+        body.append("return " + (rets[0] if len(rets) == 1 else tup(rets)))
+        fn = self.name
+        src = ["def __make(__call, __id, __ref, __pget):",
+               f"    def {fn}({', '.join(sig)}):"]
+        src += ["        " + line for line in body]
+        src += [f"    {fn}.__qualname__ = {fn!r}", f"    return {fn}"]
+        return "\n".join(src)
+
+    def make(self, mode: str, call, ref=None, pget=None):
+        key = (self.name, mode)
+        factory = _FACTORIES.get(key)
+        if factory is None:
+            ns = dict(_HELPERS)
+            exec(compile(self.source(mode), f"<tefl op {self.name}>", "exec"), ns)
+            factory = _FACTORIES[key] = ns["__make"]
+        f = factory(call, self.op_id, ref, pget)
+        f.__doc__ = self.doc()
+        return f
+
+    def doc(self) -> str:
+        s = self.schema
+        lines = [f"{self.name}: {s['doc']}", "", "Parameters:"]
+        for py, role, tgt in self.params:
+            if role == "in":
+                a = s["inputs"][self.ins.index(tgt)]
+                lines.append(f"  {py}: {a['shape']} ({'|'.join(a['dtypes'])}){' optional' if a['optional'] else ''}")
+            elif role in ("attr", "rng"):
+                a = s["attrs"][self.attrs.index(tgt)]
+                lines.append(f"  {py}: {a['type']} = {a['default']!r}: {a['doc']}")
+            elif role == "out":
+                lines.append(f"  {py}: optional output tensor for '{tgt}'")
+            elif role == "outs":
+                lines.append(f"  {py}: optional output tensor(s) ({', '.join(self.outs)})")
+            elif role == "quantizer":
+                lines.append(f"  {py}: must be None (no quantized outputs)")
+            elif role == "otype":
+                lines.append(f"  {py}: dtype of '{tgt}' (DType, torch or numpy dtype; default: like the input)")
+            elif role == "split3":
+                lines.append(f"  {py}: [{', '.join(tgt)}]")
+        rets = [self.outs[k] if k is not None else "None" for k in self.returns]
+        lines.append(f"Returns: ({', '.join(rets)})")
+        return "\n".join(lines)
+
+    # ---- calling a Python implementation -----------------------------------
+    def _impl_plan(self):
+        """(positional input indices, [(kwarg, role, index)]) for impl_call."""
+        pos, kw = [], []
+        for idx, (py, role, tgt) in enumerate(self.params):
+            if role == "in":
+                j = self.ins.index(tgt)
+                if idx < self.positional_ins:
+                    pos.append(j)
+                else:
+                    kw.append((py, "in", j))
+            elif role in ("attr", "rng"):
+                k = self.attrs.index(tgt)
+                kw.append((py, "bool" if self.schema["attrs"][k]["type"] == "bool" else "attr", k))
+            elif role == "out":
+                kw.append((py, "out", self.outs.index(tgt)))
+            elif role in ("outs", "quantizer"):
+                kw.append((py, "none", 0))
+            elif role == "otype":
+                kw.append((py, "otype", self.outs.index(tgt)))
+            elif role == "split3":
+                kw.append((py, "split3", tuple(self.attrs.index(a) for a in tgt)))
+        return tuple(pos), tuple(kw)
+
+    def impl_call(self, fn, inputs, outputs, attrs):
+        """Calls a Python implementation with this op's Python signature and
+        stores its results into `outputs`."""
+        plan = self.__dict__.get("_plan")
+        if plan is None:
+            plan = self._plan = self._impl_plan()
+        pos, kwplan = plan
+        kwargs = {}
+        for py, what, k in kwplan:
+            if what == "in":
+                kwargs[py] = inputs[k]
+            elif what == "attr":
+                kwargs[py] = attrs[k]
+            elif what == "bool":
+                kwargs[py] = bool(attrs[k])
+            elif what == "out":
+                kwargs[py] = outputs[k]
+            elif what == "none":
+                kwargs[py] = None
+            elif what == "otype":
+                kwargs[py] = te_dtype_of(outputs[k])
+            else:  # split3
+                kwargs[py] = [attrs[i] for i in k]
+        result = fn(*[inputs[j] for j in pos], **kwargs)
+        self.store(result, outputs)
+
+    def store(self, result, outputs) -> None:
+        if result is None:
+            return  # written into the outputs it was given
+        if not isinstance(result, (tuple, list)):
+            result = (result,)
+        n = len(outputs)
+        if len(result) == len(self.returns):
+            pairs = zip(self.returns, result)
+        elif len(result) == n:
+            pairs = zip(range(n), result)
+        else:
+            layout = ", ".join(self.outs[k] if k is not None else "None" for k in self.returns)
+            raise ValueError(f"{self.name}: the implementation returned {len(result)} values; expected "
+                             f"({layout}) or the {n} outputs ({', '.join(self.outs)})")
+        for k, value in pairs:
+            if k is None:
+                continue
+            dst = outputs[k]
+            if dst is None or value is dst:
+                continue
+            if value is None:
+                raise ValueError(f"{self.name}: the implementation returned None for output '{self.outs[k]}'")
+            copy_into(dst, value, self.name, self.outs[k])
+
+
+_FACTORIES: Dict[Tuple[str, str], Any] = {}
+SIGNATURES: Dict[str, OpSignature] = {}
+for _s in SCHEMAS:
+    SIGNATURES[_s["name"]] = OpSignature(_s)
+SIG_BY_ID = {sig.op_id: sig for sig in SIGNATURES.values()}
+
+
+def signature_of(op: str) -> OpSignature:
+    return SIGNATURES[schema_of(op)["name"]]
+
+
+# ---- helpers of the generated functions ---------------------------------------------
+
+def _is_numpy(x) -> bool:
+    return isinstance(x, np.ndarray)
+
+
+def _empty(ref, shape, dtype):
+    if ref is None:
+        raise ValueError("cannot allocate an output without its reference input")
+    if isinstance(ref, np.ndarray):
+        if isinstance(dtype, str):
+            if dtype == "bfloat16" or dtype.startswith("float8") or dtype.startswith("float4"):
+                raise TypeError(f"numpy has no dtype {dtype}; pass torch tensors")
+            dtype = np.dtype(dtype)
+        return np.empty(shape, dtype=dtype)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(ref, torch.Tensor):
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype)
+        return ref.new_empty(shape, dtype=dtype)  # ref's device; a little cheaper than torch.empty(device=)
+    raise TypeError(f"cannot allocate outputs like a {type(ref).__name__}: pass them explicitly (out=...), or use "
+                    "torch tensors or numpy arrays")
+
+
+def _like(ref):
+    """A compact row-major tensor of ref's shape, dtype and device."""
+    if isinstance(ref, np.ndarray):
+        return np.empty(ref.shape, dtype=ref.dtype)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(ref, torch.Tensor):
+        return torch.empty_like(ref, memory_format=torch.contiguous_format)
+    return _empty(ref, ref.shape, ref.dtype)
+
+
+def _otype(otype, default):
+    if otype is None:
+        return default
+    return dtype_name(otype)
+
+
+_TE_DTYPE_CACHE: Dict[Any, Optional[DType]] = {}
+
+
+def te_dtype_of(t) -> Optional[DType]:
+    if t is None:
+        return None
+    dt = t.dtype
+    try:
+        return _TE_DTYPE_CACHE[dt]
+    except KeyError:
+        v = _TE_DTYPE_CACHE[dt] = NAME_TO_DTYPE.get(dtype_name(dt))
+        return v
+
+
+def _pick(out, k, n):
+    if out is None:
+        return None
+    if n == 1 and not isinstance(out, (tuple, list)):
+        return out
+    if not isinstance(out, (tuple, list)) or len(out) != n:
+        raise ValueError(f"out= expects a tuple of {n} tensors (or None entries)")
+    return out[k]
+
+
+def _need_out(op, name):
+    raise ValueError(f"{op}: the shape of output '{name}' cannot be inferred from the schema "
+                     f"('{BY_NAME[op]['outputs'][[o['name'] for o in BY_NAME[op]['outputs']].index(name)]['shape']}'); "
+                     f"pass it with out=")
+
+
+def _alloc_error(op, inputs, error):
+    schema = BY_NAME[op]
+    for j, (arg, value) in enumerate(zip(schema["inputs"], inputs)):
+        if value is None:
+            if not arg["optional"]:
+                raise ValueError(f"{op}: argument '{arg['name']}' (input {j}): is required, got None") from None
+            continue
+        if not hasattr(value, "shape") or not hasattr(value, "dtype"):
+            raise TypeError(f"{op}: argument '{arg['name']}' (input {j}): expected a tensor (torch.Tensor, "
+                            f"numpy.ndarray or a DLPack / buffer-protocol object), got "
+                            f"{type(value).__name__}") from None
+    raise ValueError(f"{op}: cannot allocate the outputs ({error}); check the inputs against the schema: "
+                     + "; ".join(f"'{a['name']}' {a['shape']}" for a in schema["inputs"])) from error
+
+
+def _no_quantizer(op, param):
+    raise NotImplementedError(f"{op}: '{param}' must be None (tefl has no quantized outputs)")
+
+
+def _split3(op, param, value):
+    if value is None or len(value) != 3:
+        raise ValueError(f"{op}: '{param}' expects [q_split, k_split, v_split], got {value!r}")
+    return int(value[0]), int(value[1]), int(value[2])
+
+
+def _prod(xs) -> int:
+    return math.prod(xs)
+
+
+# Dropout randomness: when no seed is given, each call draws one from the
+# framework's default generator (torch's for torch tensors, numpy's global
+# one otherwise), so torch.manual_seed / numpy.random.seed make runs
+# reproducible and successive calls differ; the Philox offset is then 0.
+def _dropout_rng(ref, seed, offset):
+    if seed is None:
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(ref, torch.Tensor):
+            seed = int(torch.empty((), dtype=torch.int64).random_().item())
+        else:
+            seed = int(np.random.randint(0, np.iinfo(np.int64).max, dtype=np.int64))
+    if offset is None:
+        offset = 0
+    return seed, offset
+
+
+def copy_into(dst, value, op, name):
+    """Stores an implementation's result into a preallocated output."""
+    dshape = tuple(dst.shape)
+    vshape = tuple(getattr(value, "shape", ()))
+    if vshape != dshape:
+        if math.prod(vshape) != math.prod(dshape):
+            raise ValueError(f"{op}: the implementation returned shape {list(vshape)} for output '{name}', "
+                             f"expected {list(dshape)}")
+        value = value.reshape(dshape)
+    if isinstance(dst, np.ndarray):
+        np.copyto(dst, np.asarray(value), casting="unsafe")
+        return
+    torch = sys.modules["torch"]
+    if not isinstance(value, torch.Tensor):
+        value = torch.as_tensor(np.asarray(value))
+    elif value.requires_grad:
+        value = value.detach()
+    dst.copy_(value)  # outputs tefl allocates never require grad
+
+
+_HELPERS = {
+    "_empty": _empty,
+    "_like": _like,
+    "_otype": _otype,
+    "_pick": _pick,
+    "_need_out": _need_out,
+    "_no_quantizer": _no_quantizer,
+    "_alloc_error": _alloc_error,
+    "_split3": _split3,
+    "_prod": _prod,
+    "_dropout_rng": _dropout_rng,
+}

@@ -1,0 +1,186 @@
+"""Output shapes and dtypes, inferred from the op schemas' shape docs.
+
+The schemas describe each argument's shape as text ("[N..., H]", "like x",
+"[N] or x.shape[:-1]", "[b, h, sq, sk]"). This module turns an output's doc
+into Python expressions over the call's inputs, with a few rules:
+
+1. a family rule for the op, if one is registered below (ops whose output
+   shape depends on attributes, e.g. the qkv RoPE split);
+2. "like NAME": the shape of input NAME (and its dtype unless the output has
+   a single allowed dtype);
+3. an input with exactly the same doc: shape and dtype of that input (dgamma
+   "[H]" is shaped and typed like gamma "[H]");
+4. symbolic: the dims of the output's first "[...]" group are bound from the
+   inputs' docs ("N..." = leading dims, "H" = a dim, "2H" = twice one; "[N]"
+   after "[N..., H]" is the product of the leading dims).
+
+The dtype is the output's only allowed dtype if it has one, else "dtype of
+NAME" if the doc says so, else that of the input the shape came from.
+An output no rule covers must be passed by the caller (out=...); the error
+says so. New ops need nothing here when their docs follow these forms.
+"""
+from __future__ import annotations
+
+import re
+from typing import Callable, Dict, List, Optional, Tuple
+
+# (shape expression, dtype expression, reference-tensor expression); the
+# expressions use the variables _i<j> (inputs) and _a<k> (attributes).
+Rule = Tuple[str, str, str]
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class NotInferable(Exception):
+    pass
+
+
+def _bracket(doc: str) -> Optional[List[str]]:
+    """Tokens of the first [...] group of a doc, or None."""
+    doc = doc.strip()
+    if not doc.startswith("["):
+        return None
+    end = doc.find("]")
+    if end < 0:
+        return None
+    body = doc[1:end].strip()
+    if not body:
+        return []
+    return [t.strip() for t in body.split(",")]
+
+
+def _like_target(doc: str) -> Optional[str]:
+    m = re.match(r"^\s*like\s+([A-Za-z_][A-Za-z0-9_]*)", doc)
+    return m.group(1) if m else None
+
+
+def _dtype_of_target(doc: str) -> Optional[str]:
+    m = re.search(r"dtype of\s+([A-Za-z_][A-Za-z0-9_]*)", doc)
+    return m.group(1) if m else None
+
+
+def _bindings(schema) -> Dict[str, Tuple[str, int]]:
+    """Symbol -> (expression, input index) from the inputs' docs."""
+    out: Dict[str, Tuple[str, int]] = {}
+    for j, arg in enumerate(schema["inputs"]):
+        if arg["optional"]:
+            continue
+        toks = _bracket(arg["shape"])
+        if toks is None:
+            continue
+        var = f"_i{j}"
+        variadic = bool(toks) and toks[0].endswith("...")
+        n = len(toks)
+        for pos, tok in enumerate(toks):
+            if variadic and pos == 0:
+                sym = tok[:-3].strip()
+                tail = n - 1
+                if sym and sym + "..." not in out:
+                    out[sym + "..."] = (f"{var}.shape[:{var}.ndim - {tail}]" if tail else f"{var}.shape", j)
+                    out.setdefault(sym, (f"_prod({var}.shape[:{var}.ndim - {tail}])" if tail
+                                         else f"_prod({var}.shape)", j))
+                continue
+            idx = f"{var}.shape[{pos - n}]" if variadic else f"{var}.shape[{pos}]"
+            m = re.match(r"^(\d+)\s*\*?\s*([A-Za-z_][A-Za-z0-9_]*)$", tok)
+            if m:  # "2H": H = dim // 2
+                out.setdefault(m.group(2), (f"({idx} // {int(m.group(1))})", j))
+            elif _IDENT.match(tok):
+                out.setdefault(tok, (idx, j))
+    return out
+
+
+def _single_dtype(arg) -> Optional[str]:
+    return arg["dtypes"][0] if len(arg["dtypes"]) == 1 else None
+
+
+def generic_rule(schema, k: int) -> Rule:
+    out = schema["outputs"][k]
+    doc = out["shape"]
+    names = [a["name"] for a in schema["inputs"]]
+    fixed = _single_dtype(out)
+    dtype_src = _dtype_of_target(doc)
+
+    def dtype_for(j: int) -> str:
+        if fixed:
+            return repr(fixed)
+        if dtype_src in names:
+            return f"_i{names.index(dtype_src)}.dtype"
+        return f"_i{j}.dtype"
+
+    target = _like_target(doc)
+    if target in names:
+        j = names.index(target)
+        return f"_i{j}.shape", dtype_for(j), f"_i{j}"
+    for j, arg in enumerate(schema["inputs"]):
+        if arg["shape"].strip() == doc.strip() and not arg["optional"]:
+            return f"_i{j}.shape", dtype_for(j), f"_i{j}"
+    toks = _bracket(doc.split(" or ")[0])
+    if toks is None:
+        raise NotInferable(doc)
+    binds = _bindings(schema)
+    parts: List[str] = []
+    src: Optional[int] = None
+    for tok in toks:
+        if tok.endswith("..."):
+            key = tok[:-3].strip() + "..."
+            if key not in binds:
+                raise NotInferable(doc)
+            expr, j = binds[key]
+            parts.append(f"*{expr}")
+        else:
+            m = re.match(r"^(\d+)\s*\*?\s*([A-Za-z_][A-Za-z0-9_]*)$", tok)
+            if m and m.group(2) in binds:
+                expr, j = binds[m.group(2)]
+                parts.append(f"{int(m.group(1))} * {expr}")
+            elif tok in binds:
+                expr, j = binds[tok]
+                parts.append(expr)
+            elif tok.isdigit():
+                parts.append(tok)
+                continue
+            else:
+                raise NotInferable(doc)
+        src = j if src is None else src
+    if src is None:
+        src = 0
+    return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")", dtype_for(src), f"_i{src}"
+
+
+# ---- family rules -------------------------------------------------------------
+# fused_qkv_rope_forward: qkv [s, b, h, q+k+v] (bshd [b, s, ...]) -> q, k, v
+# [s, b, h * split / d, d] with d the head dim = the last dim of q_freqs (the
+# rotary dim covers the whole head, as in TransformerEngine's fused qkv RoPE).
+def _qkv_rope_forward(schema, k: int) -> Rule:
+    names = [a["name"] for a in schema["inputs"]]
+    attrs = [a["name"] for a in schema["attrs"]]
+    qkv = f"_i{names.index('qkv')}"
+    freqs = f"_i{names.index('q_freqs')}"
+    split = f"_a{attrs.index(('q_split', 'k_split', 'v_split')[k])}"
+    d = f"{freqs}.shape[-1]"
+    return f"({qkv}.shape[0], {qkv}.shape[1], {qkv}.shape[2] * {split} // {d}, {d})", f"{qkv}.dtype", qkv
+
+
+def _qkv_rope_backward(schema, k: int) -> Rule:
+    names = [a["name"] for a in schema["inputs"]]
+    attrs = [a["name"] for a in schema["attrs"]]
+    q = f"_i{names.index('q_grads')}"
+    qs, ks, vs = (f"_a{attrs.index(n)}" for n in ("q_split", "k_split", "v_split"))
+    h = f"{q}.shape[2] * {q}.shape[3] // {qs}"
+    return f"({q}.shape[0], {q}.shape[1], {h}, {qs} + {ks} + {vs})", f"{q}.dtype", q
+
+
+FAMILY_RULES: Dict[str, Callable[[dict, int], Rule]] = {
+    "fused_qkv_rope_forward": _qkv_rope_forward,
+    "fused_qkv_rope_backward": _qkv_rope_backward,
+}
+
+
+def output_rule(schema, k: int) -> Optional[Rule]:
+    """The allocation rule of output k, or None when it must be passed."""
+    try:
+        fam = FAMILY_RULES.get(schema["name"])
+        if fam is not None:
+            return fam(schema, k)
+        return generic_rule(schema, k)
+    except (NotInferable, ValueError):
+        return None

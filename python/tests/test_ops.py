@@ -1,0 +1,184 @@
+"""Every catalogue op from Python against the C++ reference (reference.cpp,
+run alone through its OpImpl.fn), on torch and numpy inputs; independent
+torch oracles for the normalization family; outputs of the caller's kind."""
+import numpy as np
+import pytest
+import torch
+
+import tefl
+from tefl._ops import SCHEMAS, SIGNATURES
+from opgen import as_np, make_call
+
+TOL = {"float32": 2e-4, "float16": 4e-3, "bfloat16": 3e-2}
+OPS = sorted(s["name"] for s in SCHEMAS)
+
+
+def _outputs(r):
+    return [o for o in (r if isinstance(r, tuple) else (r,))]
+
+
+def _compare(a, b, dtype, what):
+    assert len(a) == len(b), what
+    for x, y in zip(a, b):
+        assert (x is None) == (y is None), what
+        if x is None:
+            continue
+        np.testing.assert_allclose(as_np(x), as_np(y), rtol=TOL[dtype], atol=TOL[dtype], err_msg=what)
+
+
+@pytest.mark.parametrize("lib", ["torch", "numpy"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("op", OPS)
+def test_op_matches_reference(manager, op, dtype, lib):
+    schema = tefl._ops.BY_NAME[op]
+    if lib == "numpy" and dtype == "bfloat16":
+        pytest.skip("numpy has no bfloat16")
+    impls = {i.impl_id: i for i in manager.registry.get_implementations(op)}
+    if "reference.cpp" not in impls:
+        pytest.skip(f"{op}: no reference.cpp implementation registered in this build")
+    if not any(dtype in a["dtypes"] for a in schema["inputs"]):
+        pytest.skip(f"{op} takes no {dtype} input")
+    kw, _ = make_call(schema, dtype, lib)
+    ref = _outputs(impls["reference.cpp"].fn(**kw))
+    kind = np.ndarray if lib == "numpy" else torch.Tensor
+    assert all(o is None or isinstance(o, kind) for o in ref)
+    for impl_id, impl in impls.items():
+        if impl_id != "reference.cpp":
+            _compare(_outputs(impl.fn(**kw)), ref, dtype, f"{op} {impl_id} vs reference.cpp ({dtype}, {lib})")
+    got = _outputs(manager.call(op, **kw))
+    assert all(o is None or isinstance(o, kind) for o in got)
+    _compare(got, ref, dtype, f"{op} via manager ({manager.get_selected_impl_id(op)}) vs reference.cpp")
+    with tefl.policy_context(tefl.SelectionPolicy(prefer="reference")):
+        _compare(_outputs(manager.call(op, **kw)), ref, dtype, f"{op} prefer=reference")
+        assert manager.get_selected_impl_id(op) == "reference.cpp"
+
+
+def test_every_op_has_a_python_function_and_a_generated_signature():
+    for op in OPS:
+        f = getattr(tefl, op)
+        assert callable(f) and f.__doc__.startswith(op)
+        assert SIGNATURES[op].params
+
+
+# ---- independent oracles (torch) ----------------------------------------------------
+
+def test_rmsnorm_fwd_vs_torch_and_zero_centered_gamma(manager):
+    x, w = torch.randn(4, 3, 64), torch.randn(64)
+    y, none, rs = manager.call("rmsnorm_fwd", x, w, 1e-5, None, None, None, 0, False)
+    ref_rs = torch.rsqrt(x.pow(2).mean(-1) + 1e-5)
+    torch.testing.assert_close(y, x * ref_rs[..., None] * w, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rs, ref_rs.reshape(-1))
+    assert none is None and rs.dtype == torch.float32
+    y1, _, _ = manager.call("rmsnorm_fwd", x, w, 1e-5, None, None, None, 0, True)
+    torch.testing.assert_close(y1, x * ref_rs[..., None] * (w + 1), rtol=1e-5, atol=1e-5)
+
+
+def test_layernorm_fwd_bwd_vs_torch_autograd(manager):
+    x = torch.randn(6, 48, requires_grad=True)
+    g = torch.randn(48, requires_grad=True)
+    b = torch.randn(48, requires_grad=True)
+    ref = torch.nn.functional.layer_norm(x, (48,), g, b, 1e-5)
+    dz = torch.randn(6, 48)
+    ref.backward(dz)
+    with torch.no_grad():
+        y, mu, rs = manager.call("layernorm_fwd", x, g, b, 1e-5, None, None, None, 0, False)
+        torch.testing.assert_close(y, ref.detach(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(mu, x.mean(-1))
+        dx, dg, db = manager.call("layernorm_bwd", dz, x, mu, rs, g, 0, False)
+    torch.testing.assert_close(dx, x.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(dg, g.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(db, b.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_rmsnorm_bwd_vs_torch_autograd(manager):
+    x = torch.randn(5, 40, requires_grad=True)
+    g = torch.randn(40, requires_grad=True)
+    ref = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * g
+    dz = torch.randn(5, 40)
+    ref.backward(dz)
+    with torch.no_grad():
+        _, _, rs = manager.call("rmsnorm_fwd", x, g)
+        dx, dg = manager.call("rmsnorm_bwd", dz, x, rs, g)
+    torch.testing.assert_close(dx, x.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(dg, g.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_otype_and_ln_out(manager):
+    x, w = torch.randn(4, 32), torch.randn(32)
+    y, _, _ = manager.call("rmsnorm_fwd", x, w, 1e-5, None, None, tefl.DType.kBFloat16, 0, False)
+    assert y.dtype == torch.bfloat16
+    y2, _, _ = manager.call("rmsnorm_fwd", x, w, otype=torch.float16)
+    assert y2.dtype == torch.float16
+
+    class DType:  # stands for TransformerEngine's pybind11 enum (int-convertible, not an int)
+        def __init__(self, v):
+            self.v = v
+
+        def __int__(self):
+            return self.v
+
+    y4, _, _ = manager.call("rmsnorm_fwd", x, w, otype=DType(6))
+    assert y4.dtype == torch.bfloat16
+    buf = torch.empty(4, 32)
+    y3, _, _ = manager.call("rmsnorm_fwd", x, w, 1e-5, buf)
+    assert y3 is buf  # written in place: zero-copy output
+    torch.testing.assert_close(buf, y.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_quantizer_is_rejected_clearly(manager):
+    with pytest.raises(NotImplementedError, match="rmsnorm_fwd: 'quantizer' must be None"):
+        manager.call("rmsnorm_fwd", torch.randn(2, 8), torch.ones(8), 1e-5, None, object())
+
+
+def test_validation_errors_name_op_argument_and_expectation(manager):
+    with pytest.raises(ValueError, match=r"rmsnorm_fwd: argument 'gamma'.*\[16\]"):
+        manager.call("rmsnorm_fwd", torch.randn(2, 16), torch.ones(8))
+    with pytest.raises(TypeError, match=r"rmsnorm_fwd: argument 'x' \(input 0\): expected a tensor"):
+        manager.call("rmsnorm_fwd", [[1.0]], torch.ones(1))
+    with pytest.raises(ValueError, match="eps"):
+        manager.call("rmsnorm_fwd", torch.randn(2, 16), torch.ones(16), -1.0)
+    with pytest.raises(TypeError, match="attribute 'sm_margin' expects an integer"):
+        manager.call("rmsnorm_fwd", torch.randn(2, 16), torch.ones(16), sm_margin="x")
+    with pytest.raises(KeyError, match="unknown op 'nope'"):
+        manager.call("nope", torch.randn(2))
+
+
+def test_numpy_in_numpy_out_zero_copy(manager):
+    x = np.random.default_rng(0).standard_normal((3, 16)).astype(np.float32)
+    w = np.ones(16, np.float32)
+    z = np.empty_like(x)
+    y, _, rs = manager.call("rmsnorm_fwd", x, w, 1e-5, z)
+    assert y is z and isinstance(rs, np.ndarray) and rs.dtype == np.float32
+    np.testing.assert_allclose(y, x / np.sqrt((x ** 2).mean(-1, keepdims=True) + 1e-5), rtol=1e-5, atol=1e-5)
+
+
+def test_torch_subclasses_and_grad_tensors_go_through_dlpack(manager):
+    x = torch.randn(3, 16, requires_grad=True)
+    w = torch.nn.Parameter(torch.randn(16))
+    y, _, rs = manager.call("rmsnorm_fwd", x, w)  # no copy: TE passes such tensors under no_grad
+    ref = x.detach() * torch.rsqrt(x.detach().pow(2).mean(-1, keepdim=True) + 1e-5) * w.detach()
+    torch.testing.assert_close(y, ref)
+    assert not y.requires_grad
+    view = torch.randn(6, 16)[::2]  # rows strided: not compact, rejected with the strides named
+    with pytest.raises(ValueError, match=r"strides \[32, 1\]"):
+        manager.call("rmsnorm_fwd", view, w)
+
+
+def test_dropout_default_generator(manager):
+    if "dropout_fwd" not in tefl.ops() or not manager.registry.get_implementations("dropout_fwd"):
+        pytest.skip("no dropout_fwd implementation in this build")
+    x = torch.ones(64, 64)
+    torch.manual_seed(5)
+    y1, m1 = manager.call("dropout_fwd", x, 0.5)
+    y2, m2 = manager.call("dropout_fwd", x, 0.5)
+    assert not torch.equal(m1, m2)  # the offset advances between calls
+    torch.manual_seed(5)
+    y3, m3 = manager.call("dropout_fwd", x, 0.5)
+    assert torch.equal(m1, m3) and torch.equal(y1, y3)  # torch.manual_seed makes it reproducible
+    assert 0.4 < m1.float().mean().item() < 0.6
+    torch.testing.assert_close(y1, m1.float() * 2)
+    y4, m4 = manager.call("dropout_fwd", x, 0.5, seed=11, offset=3)
+    y5, m5 = manager.call("dropout_fwd", x, 0.5, seed=11, offset=3)
+    assert torch.equal(m4, m5)
+    (dx,) = (manager.call("dropout_bwd", torch.ones(64, 64), m1, 0.5),)
+    torch.testing.assert_close(dx, m1.float() * 2)
