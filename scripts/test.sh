@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds and runs every test: the release build (unit, conformance, the
-# in-tree example), then AddressSanitizer + UndefinedBehaviorSanitizer over
-# every test, then ThreadSanitizer over the concurrency tests.
+# `tefl` command, the in-tree example), the Python package (pytest), then
+# AddressSanitizer + UndefinedBehaviorSanitizer over every test, then
+# ThreadSanitizer over the concurrency tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,6 +21,8 @@ run_preset() {
 run_preset release
 echo "== [release] in-tree example"
 ./build/release/examples/intree/example_intree
+echo "== [python] build the package, pytest"
+./scripts/test-python.sh
 run_preset asan
 run_preset tsan
 echo "== all test runs passed"
