@@ -248,18 +248,27 @@ HWY_NOINLINE void RopeRowsT(const RopePlan& p, int64_t r0, int64_t r1, float* sc
         cached[k] = pos;
       }
     }
+    // Head groups outermost: for the qkv ops one group's q, k and v heads
+    // are adjacent in the packed tensor, so the packed side is walked in
+    // memory order (the prefetchers see one stream, not three passes).
+    const T* xrow[3];
+    T* yrow[3];
     for (int jn = 0; jn < p.njobs; ++jn) {
       const RopeJob& job = p.jobs[jn];
-      const int64_t rot = job.table < 0 ? 0 : d2;
-      const float* c = job.table < 0 ? nullptr : cs[job.table];
-      const float* s = job.table < 0 ? nullptr : sn[job.table];
-      const T* xrow = reinterpret_cast<const T*>(job.in) + (si * job.in_ss + bi * job.in_sb);
-      T* yrow = reinterpret_cast<T*>(job.out) + (si * job.out_ss + bi * job.out_sb);
-      const bool contig = job.in_sd == 1 && job.out_sd == 1;
-      for (int64_t g = 0; g < job.groups; ++g) {
+      xrow[jn] = reinterpret_cast<const T*>(job.in) + (si * job.in_ss + bi * job.in_sb);
+      yrow[jn] = reinterpret_cast<T*>(job.out) + (si * job.out_ss + bi * job.out_sb);
+    }
+    const int64_t groups = p.jobs[0].groups;  // the same for every job
+    for (int64_t g = 0; g < groups; ++g) {
+      for (int jn = 0; jn < p.njobs; ++jn) {
+        const RopeJob& job = p.jobs[jn];
+        const int64_t rot = job.table < 0 ? 0 : d2;
+        const float* c = job.table < 0 ? nullptr : cs[job.table];
+        const float* s = job.table < 0 ? nullptr : sn[job.table];
+        const bool contig = job.in_sd == 1 && job.out_sd == 1;
         for (int64_t j = 0; j < job.heads; ++j) {
-          const T* x = xrow + g * job.in_sg + j * job.in_sj;
-          T* y = yrow + g * job.out_sg + j * job.out_sj;
+          const T* x = xrow[jn] + g * job.in_sg + j * job.in_sj;
+          T* y = yrow[jn] + g * job.out_sg + j * job.out_sj;
           if (!contig) {
             HeadStrided(x, job.in_sd, y, job.out_sd, c, s, d, rot, interleaved);
           } else if (p.stream) {
@@ -323,15 +332,22 @@ bool IsFloat(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DTyp
 
 // Whether every vector store of `job` can be non-temporal: channel stride 1,
 // every head start and both rotate-half segments 64-byte aligned.
-bool Streamable(const RopePlan& p, const RopeJob& j, const DLTensor* out) {
+bool StreamAligned(const RopePlan& p, const RopeJob& j) {
   const int64_t e = int64_t(ElemSize(p.dt));
   if (j.out_sd != 1 || reinterpret_cast<uintptr_t>(j.out) % 64 != 0) return false;
   for (int64_t s : {j.out_ss, j.out_sb, j.out_sg, j.out_sj})
     if ((s * e) % 64 != 0) return false;
-  if (((p.interleaved ? p.d2 : p.d2 / 2) * e) % 64 != 0) return false;
-  int64_t bytes = e;
-  for (int k = 0; k < out->ndim; ++k) bytes *= out->shape[k];
-  return bytes >= kStreamMinBytes;
+  return ((p.interleaved ? p.d2 : p.d2 / 2) * e) % 64 == 0;
+}
+
+// Streaming for calls writing at least kStreamMinBytes, when every job can.
+bool ShouldStream(const RopePlan& p, const DLTensor* written) {
+  int64_t bytes = int64_t(ElemSize(p.dt));
+  for (int k = 0; k < written->ndim; ++k) bytes *= written->shape[k];
+  if (bytes < kStreamMinBytes) return false;
+  for (int k = 0; k < p.njobs; ++k)
+    if (!StreamAligned(p, p.jobs[k])) return false;
+  return true;
 }
 
 struct BlockCtx {
@@ -446,7 +462,7 @@ tefl_status* RopeKernel(const tefl_call_frame* f, bool backward) {
       p.b_major = std::abs(job.out_sb) > std::abs(job.out_ss);
     }
     if (p.rows == 0 || job.groups == 0 || p.d == 0) return nullptr;
-    p.stream = Streamable(p, job, y);
+    p.stream = ShouldStream(p, y);
     Run(f, p);
     return nullptr;
   } catch (const std::exception& ex) {
@@ -515,10 +531,7 @@ tefl_status* QkvKernel(const tefl_call_frame* f, bool backward) {
     p.njobs = 3;
     p.b_major = std::abs(p.jobs[0].out_sb) > std::abs(p.jobs[0].out_ss);
     if (p.rows == 0 || h == 0) return nullptr;
-    const DLTensor* outs[3] = {backward ? packed : parts[0], backward ? packed : parts[1],
-                               backward ? packed : parts[2]};
-    p.stream = true;
-    for (int k = 0; k < 3; ++k) p.stream = p.stream && Streamable(p, p.jobs[k], outs[k]);
+    p.stream = ShouldStream(p, packed);  // q + k + v are as many bytes as qkv
     Run(f, p);
     return nullptr;
   } catch (const std::exception& ex) {
