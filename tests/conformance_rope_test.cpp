@@ -310,6 +310,10 @@ Problem MakeRope(const RopeCase& c) {
   p.in.push_back(Freqs("freqs", rows_needed + start_max + 2, d2, c.realistic_freqs, c.interleaved));
   p.in[1].store.Uniform("freqs/" + c.seed, -6.0, 6.0);
   if (c.realistic_freqs) p.in[1] = Freqs("freqs", rows_needed + start_max + 2, d2, true, c.interleaved);
+  if (c.format == kSbhdChannelStride) {  // strided freqs too: every other channel, from row 1
+    p.in[1] = Slice("freqs", DType::kF32, {rows_needed + start_max + 2, 1, 1, d2}, 0, 1, 1, 2);
+    p.in[1].store.Uniform("freqs/" + c.seed, -6.0, 6.0);
+  }
   if (c.mode.start) {
     std::vector<int64_t> st;
     for (int64_t i = 0; i < batches; ++i) st.push_back(kStarts[i % 4]);
@@ -396,70 +400,72 @@ Problem MakeQkv(const QkvCase& c) {
 }
 
 // ---- The grids ------------------------------------------------------------------------------
-using RopeParam =
-    std::tuple<bool, int, bool, int, int, int, int>;  // bwd, format, interleaved, d2sel, dtype, shape, mode
+// One test per (op, format, dtype); inside it every interleaved x d2 x shape
+// x positional mode (120 cases), each named in the failure trace.
+using GridParam = std::tuple<bool, int, int>;  // backward, format (qkv: layout), dtype
 
-RopeCase RopeCaseOf(const RopeParam& prm) {
-  const auto& [bwd, format, il, d2sel, dt, shape, mode] = prm;
-  return RopeCase{bwd, Format(format), il, d2sel, kDTypes[dt], kShapes[shape], kModes[mode], false, ""};
-}
-std::string RopeName(const RopeParam& prm) {
-  const auto& [bwd, format, il, d2sel, dt, shape, mode] = prm;
-  const Shape& sh = kShapes[shape];
-  return fmt::format("{}_{}_{}_d2{}_{}_{}x{}x{}x{}_{}", bwd ? "bwd" : "fwd", kFormatNames[format], il ? "il" : "half",
-                     d2sel, DName(kDTypes[dt]), sh.s, sh.b, sh.h, sh.d, kModes[mode].name);
+std::string RopeGridName(const ::testing::TestParamInfo<GridParam>& param_info) {
+  const auto& [bwd, format, dt] = param_info.param;
+  return fmt::format("{}_{}_{}", bwd ? "bwd" : "fwd", kFormatNames[format], DName(kDTypes[dt]));
 }
 
-class RopeConformance : public ::testing::TestWithParam<RopeParam> {};
+class RopeConformance : public ::testing::TestWithParam<GridParam> {};
 
 TEST_P(RopeConformance, MatchesReference) {
-  RopeCase c = RopeCaseOf(GetParam());
-  c.seed = RopeName(GetParam());
-  Problem p = MakeRope(c);
-  CheckAllImplementations(p);
+  const auto& [bwd, format, dt] = GetParam();
+  for (bool il : {false, true}) {
+    for (int d2sel = 0; d2sel < 3; ++d2sel) {
+      for (const Shape& sh : kShapes) {
+        for (const Mode& mode : kModes) {
+          const std::string name =
+              fmt::format("{}_{}_{}_d2sel{}_{}_{}x{}x{}x{}_{}", bwd ? "bwd" : "fwd", kFormatNames[format],
+                          il ? "il" : "half", d2sel, DName(kDTypes[dt]), sh.s, sh.b, sh.h, sh.d, mode.name);
+          SCOPED_TRACE(name);
+          const RopeCase c{bwd, Format(format), il, d2sel, kDTypes[dt], sh, mode, false, name};
+          CheckAllImplementations(MakeRope(c));
+        }
+      }
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Grid, RopeConformance,
-                         ::testing::Combine(::testing::Bool(), ::testing::Range(0, 6), ::testing::Bool(),
-                                            ::testing::Range(0, 3), ::testing::Range(0, 3), ::testing::Range(0, 4),
-                                            ::testing::Range(0, 5)),
-                         [](const ::testing::TestParamInfo<RopeParam>& param_info) {
-                           return RopeName(param_info.param);
-                         });
+                         ::testing::Combine(::testing::Bool(), ::testing::Range(0, 6), ::testing::Range(0, 3)),
+                         RopeGridName);
 
-using QkvParam =
-    std::tuple<bool, int, bool, int, int, int, int>;  // bwd, layout, interleaved, d2sel, dtype, shape, mode
+// qkv layouts: sbhd, bshd, sbhd with padded head groups (strided qkv), bshd
+// with 2 k heads per group; always 2 q heads per group.
 const char* const kQkvLayouts[] = {"sbhd", "bshd", "sbhdpadded", "bshdgqa2"};
 
-QkvCase QkvCaseOf(const QkvParam& prm) {
-  const auto& [bwd, layout, il, d2sel, dt, shape, mode] = prm;
-  // layouts: 0 sbhd, 1 bshd, 2 sbhd with padded head groups, 3 bshd with 2 k heads per group
-  return QkvCase{bwd, layout == 1 || layout == 3, layout == 2,  il, d2sel, kDTypes[dt], kShapes[shape],
-                 2,   layout == 3 ? 2 : 1,        kModes[mode], ""};
-}
-std::string QkvName(const QkvParam& prm) {
-  const auto& [bwd, layout, il, d2sel, dt, shape, mode] = prm;
-  const Shape& sh = kShapes[shape];
-  return fmt::format("{}_{}_{}_d2{}_{}_{}x{}x{}x{}_{}", bwd ? "bwd" : "fwd", kQkvLayouts[layout], il ? "il" : "half",
-                     d2sel, DName(kDTypes[dt]), sh.s, sh.b, sh.h, sh.d, kModes[mode].name);
+std::string QkvGridName(const ::testing::TestParamInfo<GridParam>& param_info) {
+  const auto& [bwd, layout, dt] = param_info.param;
+  return fmt::format("{}_{}_{}", bwd ? "bwd" : "fwd", kQkvLayouts[layout], DName(kDTypes[dt]));
 }
 
-class QkvRopeConformance : public ::testing::TestWithParam<QkvParam> {};
+class QkvRopeConformance : public ::testing::TestWithParam<GridParam> {};
 
 TEST_P(QkvRopeConformance, MatchesReference) {
-  QkvCase c = QkvCaseOf(GetParam());
-  c.seed = QkvName(GetParam());
-  Problem p = MakeQkv(c);
-  CheckAllImplementations(p);
+  const auto& [bwd, layout, dt] = GetParam();
+  for (bool il : {false, true}) {
+    for (int d2sel = 0; d2sel < 3; ++d2sel) {
+      for (const Shape& sh : kShapes) {
+        for (const Mode& mode : kModes) {
+          const std::string name =
+              fmt::format("{}_{}_{}_d2sel{}_{}_{}x{}x{}x{}_{}", bwd ? "bwd" : "fwd", kQkvLayouts[layout],
+                          il ? "il" : "half", d2sel, DName(kDTypes[dt]), sh.s, sh.b, sh.h, sh.d, mode.name);
+          SCOPED_TRACE(name);
+          const QkvCase c{bwd, layout == 1 || layout == 3, layout == 2, il,  d2sel, kDTypes[dt], sh,
+                          2,   layout == 3 ? 2 : 1,        mode,        name};
+          CheckAllImplementations(MakeQkv(c));
+        }
+      }
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Grid, QkvRopeConformance,
-                         ::testing::Combine(::testing::Bool(), ::testing::Range(0, 4), ::testing::Bool(),
-                                            ::testing::Range(0, 3), ::testing::Range(0, 3), ::testing::Range(0, 4),
-                                            ::testing::Range(0, 5)),
-                         [](const ::testing::TestParamInfo<QkvParam>& param_info) {
-                           return QkvName(param_info.param);
-                         });
+                         ::testing::Combine(::testing::Bool(), ::testing::Range(0, 4), ::testing::Range(0, 3)),
+                         QkvGridName);
 
 // Large enough for the portable kernel's streaming stores (>= 32 MiB out),
 // with TE's realistic frequencies: sbhd [1024 | 2048, 2, 32, 128] fp32 | bf16.
