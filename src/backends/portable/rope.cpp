@@ -36,6 +36,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <type_traits>
 #include <vector>
 
 #include "backends/backends.h"
@@ -175,12 +176,20 @@ HWY_INLINE void Segment(const T* HWY_RESTRICT x, T* HWY_RESTRICT y, const float*
                         const float* HWY_RESTRICT sn, size_t a, size_t b, ptrdiff_t delta, Store store) {
   const hn::ScalableTag<float> df;
   const size_t n = hn::Lanes(df);
+  const auto rotate = [&](size_t k) HWY_ATTR {
+    const auto v = LoadF(df, x + k);
+    const auto w = LoadF(df, x + ptrdiff_t(k) + delta);
+    return hn::MulAdd(w, hn::LoadU(df, sn + k), hn::Mul(v, hn::LoadU(df, cs + k)));
+  };
   size_t i = a;
-  for (; i + n <= b; i += n) {
-    const auto v = LoadF(df, x + i);
-    const auto w = LoadF(df, x + ptrdiff_t(i) + delta);
-    store(hn::MulAdd(w, hn::LoadU(df, sn + i), hn::Mul(v, hn::LoadU(df, cs + i))), df, y + i);
+#if HWY_TARGET != HWY_SCALAR
+  if constexpr (std::is_same_v<T, bfloat16_t>) {  // two fp32 vectors -> one full vector of bf16
+    const hn::Repartition<uint16_t, decltype(df)> du16;
+    for (; i + 2 * n <= b; i += 2 * n)
+      store(RoundToBF16Bits2(rotate(i), rotate(i + n), df), du16, reinterpret_cast<uint16_t*>(y + i));
   }
+#endif
+  for (; i + n <= b; i += n) store(rotate(i), df, y + i);
   for (; i < b; ++i) {
     ScalarStore(std::fma(ScalarLoad(x + ptrdiff_t(i) + delta), sn[i], ScalarLoad(x + i) * cs[i]), y + i);
   }
@@ -199,11 +208,17 @@ HWY_INLINE void HeadContig(const T* HWY_RESTRICT x, T* HWY_RESTRICT y, const flo
 #if HWY_TARGET != HWY_SCALAR
     const hn::ScalableTag<float> df;
     const size_t n = hn::Lanes(df);  // even: pairs never straddle vectors
-    for (; i + n <= d2; i += n) {
-      const auto v = LoadF(df, x + i);
+    const auto rotate = [&](size_t k) HWY_ATTR {
+      const auto v = LoadF(df, x + k);
       const auto w = hn::Reverse2(df, v);  // lanes (1, 0, 3, 2, ...): the partners
-      store(hn::MulAdd(w, hn::LoadU(df, sn + i), hn::Mul(v, hn::LoadU(df, cs + i))), df, y + i);
+      return hn::MulAdd(w, hn::LoadU(df, sn + k), hn::Mul(v, hn::LoadU(df, cs + k)));
+    };
+    if constexpr (std::is_same_v<T, bfloat16_t>) {
+      const hn::Repartition<uint16_t, decltype(df)> du16;
+      for (; i + 2 * n <= d2; i += 2 * n)
+        store(RoundToBF16Bits2(rotate(i), rotate(i + n), df), du16, reinterpret_cast<uint16_t*>(y + i));
     }
+    for (; i + n <= d2; i += n) store(rotate(i), df, y + i);
 #endif
     for (; i < d2; ++i) ScalarStore(std::fma(ScalarLoad(x + (i ^ 1)), sn[i], ScalarLoad(x + i) * cs[i]), y + i);
   }
@@ -219,8 +234,8 @@ HWY_NOINLINE void RopeRowsT(const RopePlan& p, int64_t r0, int64_t r1, float* sc
   float* sn[2] = {scratch + 2 * d2, scratch + 4 * d2};
   int64_t cached[2] = {-1, -1};
   const bool interleaved = p.interleaved;
-  const auto plain = [](auto v, auto df, T* ptr) HWY_ATTR { StoreF(v, df, ptr); };
-  const auto streamed = [](auto v, auto df, T* ptr) HWY_ATTR { StreamF(v, df, ptr); };
+  const auto plain = [](auto v, auto tag, auto* ptr) HWY_ATTR { StoreF(v, tag, ptr); };
+  const auto streamed = [](auto v, auto tag, auto* ptr) HWY_ATTR { StreamF(v, tag, ptr); };
 
   // thd: the sequence holding row r0.
   int64_t seq = 0;
