@@ -170,28 +170,43 @@ HWY_INLINE void HeadStrided(const T* x, int64_t xs, T* y, int64_t ys, const floa
   for (int64_t i = d2; i < d; ++i) std::memcpy(y + i * ys, x + i * xs, sizeof(T));
 }
 
-// y[i] = x[i] cs[i] + x[i + delta] sn[i] for i in [a, b); channel stride 1.
+// Rotate-half on channels [0, d2): y[i] = x[i] cs[i] + x[i + half] sn[i]
+// and y[i + half] = x[i + half] cs[i + half] + x[i] sn[i + half], both
+// halves from one load of each (channel stride 1).
 template <class T, class Store>
-HWY_INLINE void Segment(const T* HWY_RESTRICT x, T* HWY_RESTRICT y, const float* HWY_RESTRICT cs,
-                        const float* HWY_RESTRICT sn, size_t a, size_t b, ptrdiff_t delta, Store store) {
+HWY_INLINE void RotateHalf(const T* HWY_RESTRICT x, T* HWY_RESTRICT y, const float* HWY_RESTRICT cs,
+                           const float* HWY_RESTRICT sn, size_t half, Store store) {
   const hn::ScalableTag<float> df;
   const size_t n = hn::Lanes(df);
-  const auto rotate = [&](size_t k) HWY_ATTR {
-    const auto v = LoadF(df, x + k);
-    const auto w = LoadF(df, x + ptrdiff_t(k) + delta);
-    return hn::MulAdd(w, hn::LoadU(df, sn + k), hn::Mul(v, hn::LoadU(df, cs + k)));
-  };
-  size_t i = a;
+  const T* HWY_RESTRICT xh = x + half;
+  T* HWY_RESTRICT yh = y + half;
+  const float* HWY_RESTRICT csh = cs + half;
+  const float* HWY_RESTRICT snh = sn + half;
+  size_t i = 0;
 #if HWY_TARGET != HWY_SCALAR
   if constexpr (std::is_same_v<T, bfloat16_t>) {  // two fp32 vectors -> one full vector of bf16
     const hn::Repartition<uint16_t, decltype(df)> du16;
-    for (; i + 2 * n <= b; i += 2 * n)
-      store(RoundToBF16Bits2(rotate(i), rotate(i + n), df), du16, reinterpret_cast<uint16_t*>(y + i));
+    for (; i + 2 * n <= half; i += 2 * n) {
+      const auto a0 = LoadF(df, x + i), a1 = LoadF(df, x + i + n);
+      const auto b0 = LoadF(df, xh + i), b1 = LoadF(df, xh + i + n);
+      const auto lo0 = hn::MulAdd(b0, hn::LoadU(df, sn + i), hn::Mul(a0, hn::LoadU(df, cs + i)));
+      const auto lo1 = hn::MulAdd(b1, hn::LoadU(df, sn + i + n), hn::Mul(a1, hn::LoadU(df, cs + i + n)));
+      const auto hi0 = hn::MulAdd(a0, hn::LoadU(df, snh + i), hn::Mul(b0, hn::LoadU(df, csh + i)));
+      const auto hi1 = hn::MulAdd(a1, hn::LoadU(df, snh + i + n), hn::Mul(b1, hn::LoadU(df, csh + i + n)));
+      store(RoundToBF16Bits2(lo0, lo1, df), du16, reinterpret_cast<uint16_t*>(y + i));
+      store(RoundToBF16Bits2(hi0, hi1, df), du16, reinterpret_cast<uint16_t*>(yh + i));
+    }
   }
 #endif
-  for (; i + n <= b; i += n) store(rotate(i), df, y + i);
-  for (; i < b; ++i) {
-    ScalarStore(std::fma(ScalarLoad(x + ptrdiff_t(i) + delta), sn[i], ScalarLoad(x + i) * cs[i]), y + i);
+  for (; i + n <= half; i += n) {
+    const auto a = LoadF(df, x + i), b = LoadF(df, xh + i);
+    store(hn::MulAdd(b, hn::LoadU(df, sn + i), hn::Mul(a, hn::LoadU(df, cs + i))), df, y + i);
+    store(hn::MulAdd(a, hn::LoadU(df, snh + i), hn::Mul(b, hn::LoadU(df, csh + i))), df, yh + i);
+  }
+  for (; i < half; ++i) {
+    const float a = ScalarLoad(x + i), b = ScalarLoad(xh + i);
+    ScalarStore(std::fma(b, sn[i], a * cs[i]), y + i);
+    ScalarStore(std::fma(a, snh[i], b * csh[i]), yh + i);
   }
 }
 
@@ -201,8 +216,7 @@ HWY_INLINE void HeadContig(const T* HWY_RESTRICT x, T* HWY_RESTRICT y, const flo
                            const float* HWY_RESTRICT sn, size_t d, size_t d2, bool interleaved, Store store) {
   const size_t half = d2 / 2;
   if (!interleaved) {
-    Segment(x, y, cs, sn, 0, half, ptrdiff_t(half), store);
-    Segment(x, y, cs, sn, half, d2, -ptrdiff_t(half), store);
+    RotateHalf(x, y, cs, sn, half, store);
   } else {
     size_t i = 0;
 #if HWY_TARGET != HWY_SCALAR
