@@ -100,6 +100,32 @@ namespace hn = hwy::HWY_NAMESPACE;
 // Where Highway's Sin/Cos are specified (3 ULP).
 constexpr float kMaxVectorAngle = 39000.0f;
 
+// cos and sin of ang[0, m) into c and s: Highway's Sin/Cos on vectors whose
+// angles are all within kMaxVectorAngle, double std::cos/sin otherwise
+// (and for inf/NaN and the tail).
+HWY_INLINE void CosSin(const float* HWY_RESTRICT ang, size_t m, float* HWY_RESTRICT c, float* HWY_RESTRICT s) {
+  const hn::ScalableTag<float> df;
+  const size_t n = hn::Lanes(df);
+  const auto limit = hn::Set(df, kMaxVectorAngle);
+  size_t i = 0;
+  for (; i + n <= m; i += n) {
+    const auto a = hn::LoadU(df, ang + i);
+    if (hn::AllTrue(df, hn::Le(hn::Abs(a), limit))) {
+      hn::StoreU(hn::Cos(df, a), df, c + i);
+      hn::StoreU(hn::Sin(df, a), df, s + i);
+    } else {
+      for (size_t j = i; j < i + n; ++j) {
+        c[j] = float(std::cos(double(ang[j])));
+        s[j] = float(std::sin(double(ang[j])));
+      }
+    }
+  }
+  for (; i < m; ++i) {
+    c[i] = float(std::cos(double(ang[i])));
+    s[i] = float(std::sin(double(ang[i])));
+  }
+}
+
 // cs = cos f, sn = the signed, partnered sin (see the file comment) for the
 // angles of one position.
 HWY_INLINE void FillTable(const RopePlan& p, int k, int64_t pos, float* HWY_RESTRICT ang, float* HWY_RESTRICT cs,
@@ -112,28 +138,8 @@ HWY_INLINE void FillTable(const RopePlan& p, int k, int64_t pos, float* HWY_REST
   } else {
     for (size_t i = 0; i < d2; ++i) ang[i] = row[int64_t(i) * col];
   }
-  const hn::ScalableTag<float> df;
-  const size_t n = hn::Lanes(df);
-  const auto limit = hn::Set(df, kMaxVectorAngle);
-  size_t i = 0;
-  for (; i + n <= d2; i += n) {
-    const auto a = hn::LoadU(df, ang + i);
-    if (hn::AllTrue(df, hn::Le(hn::Abs(a), limit))) {
-      hn::StoreU(hn::Cos(df, a), df, cs + i);
-      hn::StoreU(hn::Sin(df, a), df, sn + i);
-    } else {
-      for (size_t j = i; j < i + n; ++j) {
-        cs[j] = float(std::cos(double(ang[j])));
-        sn[j] = float(std::sin(double(ang[j])));
-      }
-    }
-  }
-  for (; i < d2; ++i) {
-    cs[i] = float(std::cos(double(ang[i])));
-    sn[i] = float(std::sin(double(ang[i])));
-  }
-  // Signs and partners.
   if (p.interleaved) {
+    CosSin(ang, d2, cs, sn);
     for (size_t j = 0; j < d2; j += 2) {
       const float s0 = sn[j], s1 = sn[j + 1];
       if (p.backward) {
@@ -143,16 +149,37 @@ HWY_INLINE void FillTable(const RopePlan& p, int k, int64_t pos, float* HWY_REST
         sn[j] = -s0;
       }
     }
+    return;
+  }
+  // Rotate-half. TE's angles are cat(freqs, freqs): when the halves are
+  // bitwise equal their cos/sin are too, computed once.
+  const bool dup = std::memcmp(ang, ang + half, half * sizeof(float)) == 0;
+  if (dup) {
+    CosSin(ang, half, cs, sn);
+    std::memcpy(cs + half, cs, half * sizeof(float));
+    std::memcpy(sn + half, sn, half * sizeof(float));
   } else {
-    for (size_t j = 0; j < half; ++j) {
-      const float s0 = sn[j], s1 = sn[j + half];
-      if (p.backward) {
-        sn[j] = s1;
-        sn[j + half] = -s0;
-      } else {
-        sn[j] = -s0;
-      }
+    CosSin(ang, d2, cs, sn);
+  }
+  // forward: sn[j] = -sin f[j] (j < half); backward: (sn[j], sn[j + half]) =
+  // (sin f[j + half], -sin f[j]).
+  const hn::ScalableTag<float> df;
+  const size_t n = hn::Lanes(df);
+  size_t j = 0;
+  if (p.backward) {
+    for (; j + n <= half; j += n) {
+      const auto lo = hn::LoadU(df, sn + j), hi = hn::LoadU(df, sn + half + j);
+      hn::StoreU(hi, df, sn + j);
+      hn::StoreU(hn::Neg(lo), df, sn + half + j);
     }
+    for (; j < half; ++j) {
+      const float lo = sn[j];
+      sn[j] = sn[j + half];
+      sn[j + half] = -lo;
+    }
+  } else {
+    for (; j + n <= half; j += n) hn::StoreU(hn::Neg(hn::LoadU(df, sn + j)), df, sn + j);
+    for (; j < half; ++j) sn[j] = -sn[j];
   }
 }
 
