@@ -41,6 +41,9 @@ enum OpFlags : uint32_t {
   kOpInPlace = 1u << 0,     // writes an input: never retried after an error
   kOpNoAlias = 1u << 1,     // outputs may not overlap inputs or each other
   kOpContiguous = 1u << 2,  // every tensor must be compact row-major
+  // check_shapes also reads small host-memory inputs (e.g. RoPE's
+  // cu_seqlens): it runs on every call, validation-memo hits included.
+  kOpChecksData = 1u << 3,
 };
 
 struct CallArgs {

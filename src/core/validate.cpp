@@ -376,6 +376,11 @@ tefl_status* ValidateCallMemo(const OpSchema& op, const CallArgs& args, SigKey* 
     }
   }
   if (hit && (!(op.flags & kOpNoAlias) || NoOverlap(nin, n, ranges.lo, ranges.hi))) {
+    // Tensor contents are not part of the memo: an op that checks them
+    // re-runs its check (its errors are the full validation's errors).
+    if ((op.flags & kOpChecksData) && op.check_shapes != nullptr) {
+      if (tefl_status* err = op.check_shapes(op, args)) return err;
+    }
     *key = e.key;
     return nullptr;
   }

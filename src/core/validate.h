@@ -61,7 +61,8 @@ tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key,
 // A per-thread memo of validated calls, keyed by everything validation reads
 // except data pointers: op, attributes, and each tensor's presence, dtype,
 // rank, shape, strides and device. A call that matches an entry re-runs only
-// the pointer checks (NULL data, alignment, aliasing) and reuses the key; any
+// the pointer checks (NULL data, alignment, aliasing) and, for kOpChecksData
+// ops, check_shapes (it reads tensor contents), and reuses the key; any
 // failure, and every miss, goes through ValidateCall, whose errors are the
 // only ones reported. Not thread-safe: one per thread.
 struct ValidationMemo {
