@@ -111,24 +111,36 @@ using D = hn::ScalableTag<float>;
 using V = hn::Vec<D>;
 
 // ---- Sigmoid -----------------------------------------------------------------
-// s = sigmoid(u) = 1 / (1 + exp(-u)). exp's argument is capped inside
-// Highway's valid range; the cap is above 88.7, so e is +inf exactly when
-// exp(-u) overflows (s = 0). A NaN u gives an unspecified s in [0, 1]:
+// s = sigmoid(u) and 1 - s from e = exp(-|u|) in (0, 1]: with r = 1 / (1 + e)
+// and q = e r, s = r and 1 - s = q for u >= 0, swapped for u < 0. Neither
+// side cancels, exp never overflows (its argument is <= 0, where Highway's
+// Exp is valid down to -FLT_MAX and gives 0 below -104), and the reciprocal
+// of 1 + e in [1, 2] is a 14-bit estimate refined by one Newton step (~1 ulp).
+// u = +-inf gives exactly 1 / 0 (or 0 / 1); a NaN u gives s in {0, 1}:
 // callers that do not multiply by the input restore the NaN.
-HWY_INLINE V ExpNeg(D d, V u) { return hn::Exp(d, hn::Min(hn::Neg(u), hn::Set(d, 100.0f))); }
-
-HWY_INLINE V Sigmoid(D d, V u) {
-  const V one = hn::Set(d, 1.0f);
-  return hn::Div(one, hn::Add(one, ExpNeg(d, u)));
+HWY_INLINE V Recip12(D d, V v) {  // 1 / v for v in [1, 2]
+  const V r0 = hn::ApproximateReciprocal(v);
+  return hn::Mul(r0, hn::NegMulAdd(v, r0, hn::Set(d, 2.0f)));
 }
 
-// s and 1 - s, each without cancellation: 1 - s = e / (1 + e) = e * s when
-// e <= 1 (s >= 1/2), else 1 - s (s < 1/2: exact subtraction territory).
+HWY_INLINE void SigmoidParts(D d, V u, V& r, V& q) {
+  const V e = hn::Exp(d, hn::Or(u, hn::SignBit(d)));  // exp(-|u|)
+  r = Recip12(d, hn::Add(hn::Set(d, 1.0f), e));
+  q = hn::Mul(e, r);
+}
+
+HWY_INLINE V Sigmoid(D d, V u) {
+  V r, q;
+  SigmoidParts(d, u, r, q);
+  return hn::IfThenElse(hn::Lt(u, hn::Zero(d)), q, r);
+}
+
 HWY_INLINE void SigmoidPair(D d, V u, V& s, V& oms) {
-  const V one = hn::Set(d, 1.0f);
-  const V e = ExpNeg(d, u);
-  s = hn::Div(one, hn::Add(one, e));
-  oms = hn::IfThenElse(hn::Le(e, one), hn::Mul(e, s), hn::Sub(one, s));
+  V r, q;
+  SigmoidParts(d, u, r, q);
+  const auto neg = hn::Lt(u, hn::Zero(d));
+  s = hn::IfThenElse(neg, q, r);
+  oms = hn::IfThenElse(neg, r, q);
 }
 
 // ---- Activation functors -------------------------------------------------------
