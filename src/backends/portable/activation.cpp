@@ -41,6 +41,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <type_traits>
 #include <vector>
 
 #include "backends/backends.h"
@@ -110,21 +111,45 @@ namespace hn = hwy::HWY_NAMESPACE;
 using D = hn::ScalableTag<float>;
 using V = hn::Vec<D>;
 
+// ---- exp(v) for v <= 0 -------------------------------------------------------
+// 2^n e^r with n = round(v / ln 2) and r = v - n ln 2 (one FMA: the error of
+// fp32 ln 2 times n <= 126 adds at most 2.4e-7 relative, and only where
+// e^v < 2^-100), e^r on |r| <= ln 2 / 2 by a degree-5 near-minimax
+// polynomial (relative error 1.1e-7; 1.8e-7 = 3 ulp evaluated in fp32). n is
+// read from the bits of v / ln 2 + (1.5 * 2^23 + 127), which also holds
+// n + 127: shifted into the exponent field it is 2^n. Below -87 (2^n no
+// longer normal) the result is 0 (the true value is < 2e-38). -inf gives 0;
+// NaN gives NaN. 11 operations where hn::Exp, valid on the whole line, takes
+// ~26: the transcendental ops are compute-bound for bf16 data.
+HWY_INLINE V ExpNonPositive(D d, V v) {
+  const hn::RebindToUnsigned<D> du;
+  const V magic = hn::Set(d, 12583039.0f);  // 1.5 * 2^23 + 127
+  const V t = hn::MulAdd(v, hn::Set(d, 1.44269504088896341f), magic);
+  const V n = hn::Sub(t, magic);
+  const V r = hn::MulAdd(n, hn::Set(d, -0.693147180559945309f), v);
+  V p = hn::Set(d, 0.008312475867569447f);
+  p = hn::MulAdd(p, r, hn::Set(d, 0.041890550404787064f));
+  p = hn::MulAdd(p, r, hn::Set(d, 0.16667115688323975f));
+  p = hn::MulAdd(p, r, hn::Set(d, 0.4999922811985016f));
+  p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
+  p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
+  const V scale = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(du, t)));
+  return hn::IfThenZeroElse(hn::Lt(v, hn::Set(d, -87.0f)), hn::Mul(p, scale));
+}
+
 // ---- Sigmoid -----------------------------------------------------------------
-// s = sigmoid(u) and 1 - s from e = exp(-|u|) in (0, 1]: with r = 1 / (1 + e)
+// s = sigmoid(u) and 1 - s from e = exp(-|u|) in [0, 1]: with r = 1 / (1 + e)
 // and q = e r, s = r and 1 - s = q for u >= 0, swapped for u < 0. Neither
-// side cancels, exp never overflows (its argument is <= 0, where Highway's
-// Exp is valid down to -FLT_MAX and gives 0 below -104), and the reciprocal
-// of 1 + e in [1, 2] is a 14-bit estimate refined by one Newton step (~1 ulp).
-// u = +-inf gives exactly 1 / 0 (or 0 / 1); a NaN u gives s in {0, 1}:
-// callers that do not multiply by the input restore the NaN.
+// side cancels, exp never overflows, and the reciprocal of 1 + e in [1, 2] is
+// a hardware estimate refined by one Newton step (~1 ulp). u = +-inf gives
+// exactly 1 and 0; a NaN u gives NaN.
 HWY_INLINE V Recip12(D d, V v) {  // 1 / v for v in [1, 2]
   const V r0 = hn::ApproximateReciprocal(v);
   return hn::Mul(r0, hn::NegMulAdd(v, r0, hn::Set(d, 2.0f)));
 }
 
 HWY_INLINE void SigmoidParts(D d, V u, V& r, V& q) {
-  const V e = hn::Exp(d, hn::Or(u, hn::SignBit(d)));  // exp(-|u|)
+  const V e = ExpNonPositive(d, hn::Or(u, hn::SignBit(d)));  // exp(-|u|)
   r = Recip12(d, hn::Add(hn::Set(d, 1.0f), e));
   q = hn::Mul(e, r);
 }
@@ -289,53 +314,92 @@ HWY_INLINE void StorePartial(D d, V v, T* HWY_RESTRICT p, size_t n) {
   hn::Store(v, d, buf);
   for (size_t i = 0; i < n; ++i) ScalarStore(buf[i], p + i);
 }
+
+// The loops move kVecs<T> vectors per step. bf16 takes two: one u32 load
+// holds 2 Lanes(d) values, the even ones (bits << 16) and the odd ones (bits
+// & 0xFFFF0000) are both fp32 vectors with no shuffle, and the store packs
+// them back the same way. Elementwise maths does not care about the lane
+// order; dbias's accumulator keeps it (FlushAcc undoes it).
 template <class T>
-HWY_INLINE void Put(D d, V v, T* HWY_RESTRICT p, bool stream) {
+constexpr size_t kVecs = std::is_same_v<T, bfloat16_t> ? 2 : 1;
+
+HWY_INLINE void LoadStep(D d, const float* HWY_RESTRICT p, V* v) { v[0] = hn::LoadU(d, p); }
+HWY_INLINE void LoadStep(D d, const bfloat16_t* HWY_RESTRICT p, V* v) {
+  const hn::RebindToUnsigned<D> du;
+  const auto w = hn::LoadU(du, reinterpret_cast<const uint32_t*>(p));
+  v[0] = hn::BitCast(d, hn::ShiftLeft<16>(w));
+  v[1] = hn::BitCast(d, hn::And(w, hn::Set(du, 0xFFFF0000u)));
+}
+HWY_INLINE void StoreStep(D d, const V* v, float* HWY_RESTRICT p, bool stream) {
   if (stream) {
-    StreamF(v, d, p);
+    hn::Stream(v[0], d, p);
   } else {
-    StoreF(v, d, p);
+    hn::StoreU(v[0], d, p);
+  }
+}
+HWY_INLINE void StoreStep(D d, const V* v, bfloat16_t* HWY_RESTRICT p, bool stream) {
+  const hn::RebindToUnsigned<D> du;
+  const auto lo = hn::ShiftRight<16>(RoundBF16Hi(v[0], d));  // rounded to nearest even
+  const auto hi = hn::And(RoundBF16Hi(v[1], d), hn::Set(du, 0xFFFF0000u));
+  uint32_t* q = reinterpret_cast<uint32_t*>(p);
+  if (stream) {
+    hn::Stream(hn::Or(lo, hi), du, q);
+  } else {
+    hn::StoreU(hn::Or(lo, hi), du, q);
   }
 }
 
 // ---- One loop per kind over a span of n elements (one dtype T) -----------------
 // `stream` needs every output span to start at a vector-aligned address.
+// Full steps, then the rest Lanes(d) (or fewer) elements at a time.
 
 // y = act(x)
 template <class Fn, class T>
 HWY_INLINE void SpanFwd(const Fn& fn, const T* HWY_RESTRICT x, T* HWY_RESTRICT y, size_t n, bool stream) {
   const D d;
   const size_t nl = hn::Lanes(d);
+  constexpr size_t K = kVecs<T>;
   size_t i = 0;
-  for (; i + nl <= n; i += nl) Put(d, fn.Act(LoadF(d, x + i)), y + i, stream);
-  if (i < n) StorePartial(d, fn.Act(LoadPartial(d, x + i, n - i)), y + i, n - i);
+  for (; i + K * nl <= n; i += K * nl) {
+    V v[K];
+    LoadStep(d, x + i, v);
+    for (size_t k = 0; k < K; ++k) v[k] = fn.Act(v[k]);
+    StoreStep(d, v, y + i, stream);
+  }
+  for (; i < n; i += nl) {
+    const size_t m = std::min(nl, n - i);
+    StorePartial(d, fn.Act(LoadPartial(d, x + i, m)), y + i, m);
+  }
 }
 
-// y = g * dact(x); acc += y (fp32, before rounding) when acc is not NULL.
+// y = g * dact(x); acc += y (fp32, before rounding) when acc is not NULL, in
+// the steps' lane order (see kVecs).
 template <class Fn, class T>
 HWY_INLINE void SpanBwd(const Fn& fn, const T* HWY_RESTRICT g, const T* HWY_RESTRICT x, T* HWY_RESTRICT y,
                         float* HWY_RESTRICT acc, size_t n, bool stream) {
   const D d;
   const size_t nl = hn::Lanes(d);
+  constexpr size_t K = kVecs<T>;
   size_t i = 0;
-  if (acc) {
-    for (; i + nl <= n; i += nl) {
-      const V v = hn::Mul(LoadF(d, g + i), fn.DAct(LoadF(d, x + i)));
-      hn::StoreU(hn::Add(hn::LoadU(d, acc + i), v), d, acc + i);
-      Put(d, v, y + i, stream);
+  for (; i + K * nl <= n; i += K * nl) {
+    V gv[K], v[K];
+    LoadStep(d, g + i, gv);
+    LoadStep(d, x + i, v);
+    for (size_t k = 0; k < K; ++k) {
+      v[k] = hn::Mul(gv[k], fn.DAct(v[k]));
+      if (acc) hn::StoreU(hn::Add(hn::LoadU(d, acc + i + k * nl), v[k]), d, acc + i + k * nl);
     }
-    if (i < n) {
-      const V v = hn::Mul(LoadPartial(d, g + i, n - i), fn.DAct(LoadPartial(d, x + i, n - i)));
-      StorePartial(d, v, y + i, n - i);
+    StoreStep(d, v, y + i, stream);
+  }
+  for (; i < n; i += nl) {
+    const size_t m = std::min(nl, n - i);
+    const V v = hn::Mul(LoadPartial(d, g + i, m), fn.DAct(LoadPartial(d, x + i, m)));
+    StorePartial(d, v, y + i, m);
+    if (acc) {
       HWY_ALIGN float buf[hn::MaxLanes(D())];
       hn::Store(v, d, buf);
-      for (size_t k = 0; k < n - i; ++k) acc[i + k] += buf[k];
+      for (size_t k = 0; k < m; ++k) acc[i + k] += buf[k];
     }
-    return;
-  }
-  for (; i + nl <= n; i += nl) Put(d, hn::Mul(LoadF(d, g + i), fn.DAct(LoadF(d, x + i))), y + i, stream);
-  if (i < n) {
-    StorePartial(d, hn::Mul(LoadPartial(d, g + i, n - i), fn.DAct(LoadPartial(d, x + i, n - i))), y + i, n - i);
   }
 }
 
@@ -345,11 +409,18 @@ HWY_INLINE void SpanGatedFwd(const Fn& fn, const T* HWY_RESTRICT a, const T* HWY
                              size_t n, bool stream) {
   const D d;
   const size_t nl = hn::Lanes(d);
+  constexpr size_t K = kVecs<T>;
   size_t i = 0;
-  for (; i + nl <= n; i += nl) Put(d, hn::Mul(fn.Act(LoadF(d, a + i)), fn.Gate(LoadF(d, b + i))), y + i, stream);
-  if (i < n) {
-    const V v = hn::Mul(fn.Act(LoadPartial(d, a + i, n - i)), fn.Gate(LoadPartial(d, b + i, n - i)));
-    StorePartial(d, v, y + i, n - i);
+  for (; i + K * nl <= n; i += K * nl) {
+    V av[K], bv[K];
+    LoadStep(d, a + i, av);
+    LoadStep(d, b + i, bv);
+    for (size_t k = 0; k < K; ++k) av[k] = hn::Mul(fn.Act(av[k]), fn.Gate(bv[k]));
+    StoreStep(d, av, y + i, stream);
+  }
+  for (; i < n; i += nl) {
+    const size_t m = std::min(nl, n - i);
+    StorePartial(d, hn::Mul(fn.Act(LoadPartial(d, a + i, m)), fn.Gate(LoadPartial(d, b + i, m))), y + i, m);
   }
 }
 
@@ -366,15 +437,20 @@ HWY_INLINE void SpanGatedBwd(const Fn& fn, const T* HWY_RESTRICT g, const T* HWY
                              T* HWY_RESTRICT da, T* HWY_RESTRICT db, size_t n, bool stream) {
   const D d;
   const size_t nl = hn::Lanes(d);
+  constexpr size_t K = kVecs<T>;
   size_t i = 0;
-  V va, vb;
-  for (; i + nl <= n; i += nl) {
-    GatedBwdVec(fn, LoadF(d, g + i), LoadF(d, a + i), LoadF(d, b + i), va, vb);
-    Put(d, va, da + i, stream);
-    Put(d, vb, db + i, stream);
+  for (; i + K * nl <= n; i += K * nl) {
+    V gv[K], av[K], bv[K];
+    LoadStep(d, g + i, gv);
+    LoadStep(d, a + i, av);
+    LoadStep(d, b + i, bv);
+    for (size_t k = 0; k < K; ++k) GatedBwdVec(fn, gv[k], av[k], bv[k], av[k], bv[k]);
+    StoreStep(d, av, da + i, stream);
+    StoreStep(d, bv, db + i, stream);
   }
-  if (i < n) {
-    const size_t m = n - i;
+  for (; i < n; i += nl) {
+    const size_t m = std::min(nl, n - i);
+    V va, vb;
     GatedBwdVec(fn, LoadPartial(d, g + i, m), LoadPartial(d, a + i, m), LoadPartial(d, b + i, m), va, vb);
     StorePartial(d, va, da + i, m);
     StorePartial(d, vb, db + i, m);
@@ -492,11 +568,24 @@ HWY_INLINE void GatedRowsStaged(const Fn& fn, const Job& j, int64_t r0, int64_t 
 
 // dbias: rows [r0, r1) of one block into acc (fp32, flushed into the double
 // partial every kFlushRows rows).
+// acc holds a row in the lane order of SpanBwd<T>'s steps: with two vectors
+// per step, element k of a step's first vector is column 2k of the step and
+// element k of its second vector column 2k + 1; the tail is in order.
+template <class T>
 HWY_INLINE void FlushAcc(float* HWY_RESTRICT acc, double* HWY_RESTRICT partial, size_t h) {
-  for (size_t c = 0; c < h; ++c) {
-    partial[c] += double(acc[c]);
-    acc[c] = 0.0f;
+  const size_t nl = hn::Lanes(D());
+  constexpr size_t K = kVecs<T>;
+  size_t c = 0;
+  if (K == 2) {
+    for (; c + 2 * nl <= h; c += 2 * nl) {
+      for (size_t k = 0; k < nl; ++k) {
+        partial[c + 2 * k] += double(acc[c + k]);
+        partial[c + 2 * k + 1] += double(acc[c + nl + k]);
+      }
+    }
   }
+  for (; c < h; ++c) partial[c] += double(acc[c]);
+  std::fill(acc, acc + h, 0.0f);
 }
 
 template <class Fn, class T>
@@ -506,9 +595,9 @@ HWY_INLINE void DbiasRows(const Fn& fn, const Job& j, int64_t r0, int64_t r1, fl
     const size_t off = size_t(r) * h;
     SpanBwd(fn, static_cast<const T*>(j.g) + off, static_cast<const T*>(j.x) + off, static_cast<T*>(j.y) + off, acc, h,
             j.stream);
-    if ((r - r0 + 1) % kFlushRows == 0) FlushAcc(acc, partial, h);
+    if ((r - r0 + 1) % kFlushRows == 0) FlushAcc<T>(acc, partial, h);
   }
-  FlushAcc(acc, partial, h);
+  FlushAcc<T>(acc, partial, h);
 }
 
 template <class Fn>
@@ -523,9 +612,9 @@ HWY_INLINE void DbiasRowsStaged(const Fn& fn, const Job& j, int64_t r0, int64_t 
       SpanBwd(fn, bg, bx, by, acc + c, m, false);
       FromF32(by, j.ty, j.y, off, m);
     }
-    if ((r - r0 + 1) % kFlushRows == 0) FlushAcc(acc, partial, h);
+    if ((r - r0 + 1) % kFlushRows == 0) FlushAcc<float>(acc, partial, h);
   }
-  FlushAcc(acc, partial, h);
+  FlushAcc<float>(acc, partial, h);
 }
 
 // Items [begin, end) of a call of kind kKind with activation functor fn.
