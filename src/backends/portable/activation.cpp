@@ -9,25 +9,27 @@
 // and DAct on fp32 vectors.
 //
 // Numerics (fp32 compute, one rounding per output):
-//  - Every sigmoid and tanh goes through s = 1 / (1 + e), e = exp(-u), with
-//    Highway's Exp (1 ulp). tanh(y) never appears: 0.5 + 0.5 tanh(y) =
-//    sigmoid(2y) and 1 - tanh(y)^2 = 4 s (1 - s), identities that avoid the
-//    cancellation of 1 + tanh(y) near y << 0. 1 - s is e * s when e <= 1 and
-//    1 - s otherwise (both without cancellation). Against the double
+//  - Every sigmoid and tanh goes through e = exp(-|u|) in [0, 1] (our own
+//    11-operation exp, 3 ulp) and r = 1 / (1 + e) (hardware reciprocal
+//    estimate + one Newton step): s = r and 1 - s = e r for u >= 0, swapped
+//    for u < 0, neither side cancelling. tanh(y) never appears:
+//    0.5 + 0.5 tanh(y) = sigmoid(2y) and 1 - tanh(y)^2 = 4 s (1 - s), which
+//    avoid the cancellation of 1 + tanh(y) near y << 0. Against the double
 //    reference every fp32 output is within TE's fp32 rule (atol 1e-6, rtol
-//    5e-6).
-//  - exp's argument is capped at 100 (Highway's valid range ends at 104):
-//    beyond 88.7 the result is +inf, as exp's.
-//  - Products are ordered so that no finite input overflows an intermediate
-//    the double reference does not (x * (alpha s (1 - s)), x^2 capped at
-//    FLT_MAX in dgelu's polynomial): every finite input gives what the
+//    5e-6) with a margin above 10x (ActivationSpecial.DenseSweep).
+//  - Products are ordered as x * (alpha s (1 - s)), and dgelu's polynomial
+//    takes x^2 capped at FLT_MAX, so large finite inputs give the limits the
 //    reference gives; +-inf give TE's formula's IEEE result (NaN where it is
-//    inf * 0). NaN in -> NaN out (glu's sigmoid and the relu family check
-//    for it; everything else multiplies by x).
+//    inf * 0). An output whose fp32 evaluation overflows an intermediate is
+//    +-inf where the double reference may be finite (srelu(3e19) * 0.1), as
+//    TE's fp32 kernels. NaN in -> NaN out.
 //  - dbias sums the fp32 dinput values before rounding (as TE): per thread
 //    block of rows, an fp32 row accumulator flushed into double every 32
 //    rows; the blocks (fixed by the row count and the thread count) are added
 //    in order, so the result is deterministic for a given thread count.
+//  - fp32 and bf16 calls with one dtype throughout run directly on the data;
+//    any other combination converts 512-element tiles to fp32 and back.
+//    Outputs of 32 MiB and more with 64-byte aligned rows are streamed.
 //
 // Host contract (validated before the call): CPU tensors, compact row-major,
 // element-aligned, fp32/fp16/bf16 each, outputs do not overlap inputs,
