@@ -324,6 +324,9 @@ HWY_INLINE void StorePartial(D d, V v, T* HWY_RESTRICT p, size_t n) {
 // order; dbias's accumulator keeps it (FlushAcc undoes it).
 template <class T>
 constexpr size_t kVecs = std::is_same_v<T, bfloat16_t> ? 2 : 1;
+// Fully unrolled, the per-step vector arrays live in registers (a rolled
+// loop over them goes through the stack: ~30% slower for bf16).
+#define TEFL_UNROLL_K _Pragma("GCC unroll 2")
 
 HWY_INLINE void LoadStep(D d, const float* HWY_RESTRICT p, V* v) { v[0] = hn::LoadU(d, p); }
 HWY_INLINE void LoadStep(D d, const bfloat16_t* HWY_RESTRICT p, V* v) {
@@ -365,6 +368,7 @@ HWY_INLINE void SpanFwd(const Fn& fn, const T* HWY_RESTRICT x, T* HWY_RESTRICT y
   for (; i + K * nl <= n; i += K * nl) {
     V v[K];
     LoadStep(d, x + i, v);
+    TEFL_UNROLL_K
     for (size_t k = 0; k < K; ++k) v[k] = fn.Act(v[k]);
     StoreStep(d, v, y + i, stream);
   }
@@ -387,6 +391,7 @@ HWY_INLINE void SpanBwd(const Fn& fn, const T* HWY_RESTRICT g, const T* HWY_REST
     V gv[K], v[K];
     LoadStep(d, g + i, gv);
     LoadStep(d, x + i, v);
+    TEFL_UNROLL_K
     for (size_t k = 0; k < K; ++k) {
       v[k] = hn::Mul(gv[k], fn.DAct(v[k]));
       if (acc) hn::StoreU(hn::Add(hn::LoadU(d, acc + i + k * nl), v[k]), d, acc + i + k * nl);
@@ -417,6 +422,7 @@ HWY_INLINE void SpanGatedFwd(const Fn& fn, const T* HWY_RESTRICT a, const T* HWY
     V av[K], bv[K];
     LoadStep(d, a + i, av);
     LoadStep(d, b + i, bv);
+    TEFL_UNROLL_K
     for (size_t k = 0; k < K; ++k) av[k] = hn::Mul(fn.Act(av[k]), fn.Gate(bv[k]));
     StoreStep(d, av, y + i, stream);
   }
@@ -446,6 +452,7 @@ HWY_INLINE void SpanGatedBwd(const Fn& fn, const T* HWY_RESTRICT g, const T* HWY
     LoadStep(d, g + i, gv);
     LoadStep(d, a + i, av);
     LoadStep(d, b + i, bv);
+    TEFL_UNROLL_K
     for (size_t k = 0; k < K; ++k) GatedBwdVec(fn, gv[k], av[k], bv[k], av[k], bv[k]);
     StoreStep(d, av, da + i, stream);
     StoreStep(d, bv, db + i, stream);
