@@ -193,25 +193,29 @@ void GatedBackward(const F& fn, const tefl_call_frame* f) {
 
 template <Kind kKind, class F>
 tefl_status* Kernel(const tefl_call_frame* f, void*) {
-  const F fn = MakeFn<F>(f);
-  switch (kKind) {
-    case Kind::kFwd:
-      Forward(fn, f);
-      break;
-    case Kind::kBwd:
-      Backward(fn, f, false);
-      break;
-    case Kind::kGatedFwd:
-      GatedForward(fn, f);
-      break;
-    case Kind::kGatedBwd:
-      GatedBackward(fn, f);
-      break;
-    case Kind::kDbias:
-      Backward(fn, f, true);
-      break;
+  try {  // nothing escapes a kernel (dbias allocates)
+    const F fn = MakeFn<F>(f);
+    switch (kKind) {
+      case Kind::kFwd:
+        Forward(fn, f);
+        break;
+      case Kind::kBwd:
+        Backward(fn, f, false);
+        break;
+      case Kind::kGatedFwd:
+        GatedForward(fn, f);
+        break;
+      case Kind::kGatedBwd:
+        GatedBackward(fn, f);
+        break;
+      case Kind::kDbias:
+        Backward(fn, f, true);
+        break;
+    }
+    return nullptr;
+  } catch (...) {
+    return f->host->status_new(TEFL_INTERNAL, "activation (reference.cpp): out of memory");
   }
-  return nullptr;
 }
 
 }  // namespace
