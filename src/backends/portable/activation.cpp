@@ -97,11 +97,8 @@ inline size_t ElemSize(DType t) { return t == DType::kF32 ? 4 : 2; }
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "backends/portable/activation.cpp"
-// clang-format off
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
-#include <hwy/contrib/math/math-inl.h>  // Exp (per target: after highway.h)
-// clang-format on
 
 #include "backends/portable/simd_io-inl.h"
 
@@ -114,15 +111,15 @@ using D = hn::ScalableTag<float>;
 using V = hn::Vec<D>;
 
 // ---- exp(v) for v <= 0 -------------------------------------------------------
-// 2^n e^r with n = round(v / ln 2) and r = v - n ln 2 (one FMA: the error of
-// fp32 ln 2 times n <= 126 adds at most 2.4e-7 relative, and only where
-// e^v < 2^-100), e^r on |r| <= ln 2 / 2 by a degree-5 near-minimax
-// polynomial (relative error 1.1e-7; 1.8e-7 = 3 ulp evaluated in fp32). n is
-// read from the bits of v / ln 2 + (1.5 * 2^23 + 127), which also holds
-// n + 127: shifted into the exponent field it is 2^n. Below -87 (2^n no
-// longer normal) the result is 0 (the true value is < 2e-38). -inf gives 0;
-// NaN gives NaN. 11 operations where hn::Exp, valid on the whole line, takes
-// ~26: the transcendental ops are compute-bound for bf16 data.
+// 2^n e^r with n = round(v / ln 2) and r = v - n ln 2 (one FMA: fp32 ln 2 is
+// off by 1.9e-9, which adds |n| * 1.9e-9 relative error, 2e-8 for v >= -7 and
+// 2.4e-7 at the bottom of the range), e^r on |r| <= ln 2 / 2 by a degree-5
+// near-minimax polynomial (relative error 1.1e-7; 1.8e-7 = 3 ulp evaluated
+// in fp32). n is read from the bits of v / ln 2 + (1.5 * 2^23 + 127), which
+// also holds n + 127: shifted into the exponent field it is 2^n. Below -87
+// (2^n no longer normal) the result is 0 (the true value is < 2e-38). -inf
+// gives 0; NaN gives NaN. 11 operations where Highway's contrib Exp, valid on the whole
+// line, takes ~26: the transcendental ops are compute-bound for bf16 data.
 HWY_INLINE V ExpNonPositive(D d, V v) {
   const hn::RebindToUnsigned<D> du;
   const V magic = hn::Set(d, 12583039.0f);  // 1.5 * 2^23 + 127
