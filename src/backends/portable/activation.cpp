@@ -1,8 +1,864 @@
-// SCAFFOLD (to be replaced by the activation family): portable kernels.
-#include "backends/backends.h"
+// default.portable activation kernels: gelu, qgelu, relu, srelu, silu, their
+// backward, the gated variants (glu, geglu, qgeglu, reglu, sreglu, swiglu,
+// clamped_swiglu and backward) and dbias + backward (maths: spec/ops.md,
+// "Activations"; TransformerEngine's formulas).
+//
+// Google Highway with runtime ISA dispatch (foreach_target.h); work spread
+// over the host thread pool. One templated loop per kind (forward, backward,
+// gated forward, gated backward, dbias), the activation a functor with Act
+// and DAct on fp32 vectors.
+//
+// Numerics (fp32 compute, one rounding per output):
+//  - Every sigmoid and tanh goes through e = exp(-|u|) in [0, 1] (our own
+//    11-operation exp, 3 ulp) and r = 1 / (1 + e) (hardware reciprocal
+//    estimate + one Newton step): s = r and 1 - s = e r for u >= 0, swapped
+//    for u < 0, neither side cancelling. tanh(y) never appears:
+//    0.5 + 0.5 tanh(y) = sigmoid(2y) and 1 - tanh(y)^2 = 4 s (1 - s), which
+//    avoid the cancellation of 1 + tanh(y) near y << 0. Against the double
+//    reference every fp32 output is within TE's fp32 rule (atol 1e-6, rtol
+//    5e-6) with a margin above 10x (ActivationSpecial.DenseSweep).
+//  - Products are ordered as x * (alpha s (1 - s)), and dgelu's polynomial
+//    takes x^2 capped at FLT_MAX, so large finite inputs give the limits the
+//    reference gives; +-inf give TE's formula's IEEE result (NaN where it is
+//    inf * 0). An output whose fp32 evaluation overflows an intermediate is
+//    +-inf where the double reference may be finite (srelu(3e19) * 0.1), as
+//    TE's fp32 kernels. NaN in -> NaN out.
+//  - dbias sums the fp32 dinput values before rounding (as TE): per thread
+//    block of rows, an fp32 row accumulator flushed into double every 32
+//    rows; the blocks (fixed by the row count and the thread count) are added
+//    in order, so the result is deterministic for a given thread count.
+//  - fp32 and bf16 calls with one dtype throughout run directly on the data;
+//    any other combination converts 512-element tiles to fp32 and back.
+//    Outputs of 32 MiB and more with 64-byte aligned rows are streamed.
+//
+// Host contract (validated before the call): CPU tensors, compact row-major,
+// element-aligned, fp32/fp16/bf16 each, outputs do not overlap inputs,
+// shapes as in the catalogue.
+#include <hwy/cache_control.h>
 
+#include <algorithm>
+#include <cfloat>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <type_traits>
+#include <vector>
+
+#include "backends/backends.h"
+#include "core/dtype.h"
+#include "tefl/ops.h"
+#include "tefl/tefl.h"
+
+// ---- State shared by every target (defined once) ---------------------------
+#ifndef TEFL_BACKENDS_PORTABLE_ACTIVATION_SHARED_
+#define TEFL_BACKENDS_PORTABLE_ACTIVATION_SHARED_
+namespace tefl::backends {
+namespace {
+
+enum class Kind : uint8_t { kFwd, kBwd, kGatedFwd, kGatedBwd, kDbias };
+enum class Act : uint8_t { kGelu, kQGelu, kRelu, kSrelu, kSilu, kGlu, kClamped };
+
+// Elements per work item of the elementwise kinds (a multiple of 64 bytes
+// for every dtype, so streamed blocks stay aligned).
+constexpr int64_t kBlock = 8192;
+// Elements converted per step of the mixed-dtype path.
+constexpr size_t kTile = 512;
+// dbias: rows summed in fp32 before they are added to the double partials.
+constexpr int64_t kFlushRows = 32;
+
+// One call. Non-gated: x, g, y are [rows, h]. Gated: x and (backward) y are
+// [rows, 2h], g and (forward) y [rows, h].
+struct Job {
+  Kind kind;
+  Act act;
+  DType tx, tg, ty;
+  bool fast;  // every tensor has dtype `fast_t` (f32 or bf16): no staging
+  DType fast_t;
+  bool stream;  // non-temporal stores (large outputs, 64-byte aligned rows)
+  const void* x;
+  const void* g;
+  void* y;
+  int64_t rows, h, n;
+  float limit, alpha;
+  // dbias: blocks of rows, each with an fp32 accumulator [h] and a double
+  // partial [h].
+  int64_t blocks;
+  float* acc;
+  double* partial;
+};
+
+inline size_t ElemSize(DType t) { return t == DType::kF32 ? 4 : 2; }
+
+}  // namespace
+}  // namespace tefl::backends
+#endif  // TEFL_BACKENDS_PORTABLE_ACTIVATION_SHARED_
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "backends/portable/activation.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include "backends/portable/simd_io-inl.h"
+
+// ---- Per-target kernels ------------------------------------------------------
+HWY_BEFORE_NAMESPACE();
+namespace tefl::backends::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using D = hn::ScalableTag<float>;
+using V = hn::Vec<D>;
+
+// ---- exp(v) for v <= 0 -------------------------------------------------------
+// 2^n e^r with n = round(v / ln 2) and r = v - n ln 2 (one FMA: fp32 ln 2 is
+// off by 1.9e-9, which adds |n| * 1.9e-9 relative error, 2e-8 for v >= -7 and
+// 2.4e-7 at the bottom of the range), e^r on |r| <= ln 2 / 2 by a degree-5
+// near-minimax polynomial (relative error 1.1e-7; 1.8e-7 = 3 ulp evaluated
+// in fp32). n is read from the bits of v / ln 2 + (1.5 * 2^23 + 127), which
+// also holds n + 127: shifted into the exponent field it is 2^n. Below -87
+// (2^n no longer normal) the result is 0 (the true value is < 2e-38). -inf
+// gives 0; NaN gives NaN. 11 operations where Highway's contrib Exp, valid on the whole
+// line, takes ~26: the transcendental ops are compute-bound for bf16 data.
+HWY_INLINE V ExpNonPositive(D d, V v) {
+  const hn::RebindToUnsigned<D> du;
+  const V magic = hn::Set(d, 12583039.0f);  // 1.5 * 2^23 + 127
+  const V t = hn::MulAdd(v, hn::Set(d, 1.44269504088896341f), magic);
+  const V n = hn::Sub(t, magic);
+  const V r = hn::MulAdd(n, hn::Set(d, -0.693147180559945309f), v);
+  V p = hn::Set(d, 0.008312475867569447f);
+  p = hn::MulAdd(p, r, hn::Set(d, 0.041890550404787064f));
+  p = hn::MulAdd(p, r, hn::Set(d, 0.16667115688323975f));
+  p = hn::MulAdd(p, r, hn::Set(d, 0.4999922811985016f));
+  p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
+  p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
+  const V scale = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(du, t)));
+  return hn::IfThenZeroElse(hn::Lt(v, hn::Set(d, -87.0f)), hn::Mul(p, scale));
+}
+
+// ---- Sigmoid -----------------------------------------------------------------
+// s = sigmoid(u) and 1 - s from e = exp(-|u|) in [0, 1]: with r = 1 / (1 + e)
+// and q = e r, s = r and 1 - s = q for u >= 0, swapped for u < 0. Neither
+// side cancels, exp never overflows, and the reciprocal of 1 + e in [1, 2] is
+// a hardware estimate refined by one Newton step (~1 ulp). u = +-inf gives
+// exactly 1 and 0; a NaN u gives NaN.
+HWY_INLINE V Recip12(D d, V v) {  // 1 / v for v in [1, 2]
+  const V r0 = hn::ApproximateReciprocal(v);
+  return hn::Mul(r0, hn::NegMulAdd(v, r0, hn::Set(d, 2.0f)));
+}
+
+HWY_INLINE void SigmoidParts(D d, V u, V& r, V& q) {
+  const V e = ExpNonPositive(d, hn::Or(u, hn::SignBit(d)));  // exp(-|u|)
+  r = Recip12(d, hn::Add(hn::Set(d, 1.0f), e));
+  q = hn::Mul(e, r);
+}
+
+HWY_INLINE V Sigmoid(D d, V u) {
+  V r, q;
+  SigmoidParts(d, u, r, q);
+  return hn::IfThenElse(hn::Lt(u, hn::Zero(d)), q, r);
+}
+
+HWY_INLINE void SigmoidPair(D d, V u, V& s, V& oms) {
+  V r, q;
+  SigmoidParts(d, u, r, q);
+  const auto neg = hn::Lt(u, hn::Zero(d));
+  s = hn::IfThenElse(neg, q, r);
+  oms = hn::IfThenElse(neg, r, q);
+}
+
+// ---- Activation functors -------------------------------------------------------
+// Act(x) = the forward, DAct(x) = its derivative, ActDAct both (gated
+// backward). Gate(b) maps the gate half and GateGrad(b, v) masks the
+// gradient through it; both identities except for clamped SwiGLU.
+struct PlainGate {
+  HWY_INLINE V Gate(V b) const { return b; }
+  HWY_INLINE V GateGrad(V, V v) const { return v; }
+};
+
+// x * (0.5 + 0.5 tanh(x (k0 + k1 x^2))) = x * sigmoid(2 x (k0 + k1 x^2)).
+// dgelu: t = tanh(k0 x (1 + 0.044715 x^2)) = 2 s - 1 with s = sigmoid(2 k0 x
+// (1 + 0.044715 x^2)): 0.5 x (1 - t^2) p + 0.5 (1 + t) = x (2 s (1 - s) p) + s,
+// p = k0 + 0.1070322243 x^2.
+struct GeluFn : PlainGate {
+  HWY_INLINE V Act(V x) const {
+    const D d;
+    const V c0 = hn::Set(d, 2.0f * 0.79788456f), c1 = hn::Set(d, 2.0f * 0.03567741f);
+    const V u = hn::Mul(x, hn::MulAdd(c1, hn::Mul(x, x), c0));
+    return hn::Mul(x, Sigmoid(d, u));
+  }
+  HWY_INLINE V DAct(V x) const {
+    const D d;
+    const V e0 = hn::Set(d, float(2.0 * 0.79788456)), e1 = hn::Set(d, float(2.0 * 0.79788456 * 0.044715));
+    const V p0 = hn::Set(d, 0.79788456f), p1 = hn::Set(d, 0.1070322243f);
+    const V x2 = hn::Min(hn::Mul(x, x), hn::Set(d, FLT_MAX));  // keeps p finite for finite x
+    V s, oms;
+    SigmoidPair(d, hn::Mul(x, hn::MulAdd(e1, x2, e0)), s, oms);
+    const V p = hn::MulAdd(p1, x2, p0);
+    return hn::MulAdd(x, hn::Mul(hn::Add(s, s), hn::Mul(oms, p)), s);
+  }
+  HWY_INLINE void ActDAct(V x, V& act, V& dact) const {
+    act = Act(x);
+    dact = DAct(x);
+  }
+};
+
+// x * sigmoid(alpha x): qgelu (alpha 1.702), silu (alpha 1) and clamped
+// SwiGLU's activation. Derivative x (alpha s (1 - s)) + s.
+struct SigmoidLinearFn : PlainGate {
+  float alpha;
+  HWY_INLINE V Act(V x) const {
+    const D d;
+    return hn::Mul(x, Sigmoid(d, hn::Mul(hn::Set(d, alpha), x)));
+  }
+  HWY_INLINE V DAct(V x) const {
+    V act, dact;
+    ActDAct(x, act, dact);
+    return dact;
+  }
+  HWY_INLINE void ActDAct(V x, V& act, V& dact) const {
+    const D d;
+    const V va = hn::Set(d, alpha);
+    V s, oms;
+    SigmoidPair(d, hn::Mul(va, x), s, oms);
+    act = hn::Mul(x, s);
+    dact = hn::MulAdd(x, hn::Mul(va, hn::Mul(s, oms)), s);
+  }
+};
+
+// relu = x < 0 ? 0 : x; drelu = x > 0 ? 1 : x <= 0 ? 0 : NaN.
+struct ReluFn : PlainGate {
+  HWY_INLINE V Act(V x) const { return hn::IfThenZeroElse(hn::Lt(x, hn::Zero(D())), x); }
+  HWY_INLINE V DAct(V x) const {
+    const D d;
+    const V zero = hn::Zero(d);
+    return hn::IfThenZeroElse(hn::Le(x, zero), hn::IfThenElse(hn::Gt(x, zero), hn::Set(d, 1.0f), x));
+  }
+  HWY_INLINE void ActDAct(V x, V& act, V& dact) const {
+    act = Act(x);
+    dact = DAct(x);
+  }
+};
+
+// srelu = x <= 0 ? 0 : x^2; dsrelu = x <= 0 ? 0 : 2x.
+struct SreluFn : PlainGate {
+  HWY_INLINE V Act(V x) const { return hn::IfThenZeroElse(hn::Le(x, hn::Zero(D())), hn::Mul(x, x)); }
+  HWY_INLINE V DAct(V x) const { return hn::IfThenZeroElse(hn::Le(x, hn::Zero(D())), hn::Add(x, x)); }
+  HWY_INLINE void ActDAct(V x, V& act, V& dact) const {
+    act = Act(x);
+    dact = DAct(x);
+  }
+};
+
+// glu: act = sigmoid(x), dact = s (1 - s); a NaN x is put back.
+struct GluFn : PlainGate {
+  HWY_INLINE static V KeepNaN(V x, V v) { return hn::IfThenElse(hn::IsNaN(x), x, v); }
+  HWY_INLINE V Act(V x) const { return KeepNaN(x, Sigmoid(D(), x)); }
+  HWY_INLINE V DAct(V x) const {
+    V act, dact;
+    ActDAct(x, act, dact);
+    return dact;
+  }
+  HWY_INLINE void ActDAct(V x, V& act, V& dact) const {
+    V s, oms;
+    SigmoidPair(D(), x, s, oms);
+    act = KeepNaN(x, s);
+    dact = KeepNaN(x, hn::Mul(s, oms));
+  }
+};
+
+// Clamped SwiGLU: a' = a > limit ? limit : a (NaN stays), act = a' sigmoid(
+// alpha a'), no gradient where a > limit; b' = clamp(b, -limit, limit) + 1,
+// no gradient where b < -limit or b > limit (TE: a == limit and |b| == limit
+// pass gradient).
+struct ClampedFn {
+  float limit, alpha;
+  HWY_INLINE V Clamp(V a) const {
+    const V vl = hn::Set(D(), limit);
+    return hn::IfThenElse(hn::Gt(a, vl), vl, a);
+  }
+  HWY_INLINE V Act(V a) const { return SigmoidLinearFn{{}, alpha}.Act(Clamp(a)); }
+  HWY_INLINE V DAct(V a) const {
+    V act, dact;
+    ActDAct(a, act, dact);
+    return dact;
+  }
+  HWY_INLINE void ActDAct(V a, V& act, V& dact) const {
+    SigmoidLinearFn{{}, alpha}.ActDAct(Clamp(a), act, dact);
+    dact = hn::IfThenZeroElse(hn::Gt(a, hn::Set(D(), limit)), dact);
+  }
+  HWY_INLINE V Gate(V b) const {
+    const D d;
+    const V vl = hn::Set(d, limit), nl = hn::Set(d, -limit);
+    const V c = hn::IfThenElse(hn::Lt(b, nl), nl, hn::IfThenElse(hn::Gt(b, vl), vl, b));
+    return hn::Add(c, hn::Set(d, 1.0f));
+  }
+  HWY_INLINE V GateGrad(V b, V v) const {
+    const D d;
+    return hn::IfThenZeroElse(hn::Or(hn::Lt(b, hn::Set(d, -limit)), hn::Gt(b, hn::Set(d, limit))), v);
+  }
+};
+
+// ---- Element access ------------------------------------------------------------
+// Up to Lanes(d) elements through an aligned buffer (tails).
+template <class T>
+HWY_INLINE V LoadPartial(D d, const T* HWY_RESTRICT p, size_t n) {
+  HWY_ALIGN float buf[hn::MaxLanes(D())] = {};
+  for (size_t i = 0; i < n; ++i) buf[i] = ScalarLoad(p + i);
+  return hn::Load(d, buf);
+}
+template <class T>
+HWY_INLINE void StorePartial(D d, V v, T* HWY_RESTRICT p, size_t n) {
+  HWY_ALIGN float buf[hn::MaxLanes(D())];
+  hn::Store(v, d, buf);
+  for (size_t i = 0; i < n; ++i) ScalarStore(buf[i], p + i);
+}
+
+// The loops move kVecs<T> vectors per step. bf16 takes two: one u32 load
+// holds 2 Lanes(d) values, the even ones (bits << 16) and the odd ones (bits
+// & 0xFFFF0000) are both fp32 vectors with no shuffle, and the store packs
+// them back the same way. Elementwise maths does not care about the lane
+// order; dbias's accumulator keeps it (FlushAcc undoes it).
+template <class T>
+constexpr size_t kVecs = std::is_same_v<T, bfloat16_t> ? 2 : 1;
+// Fully unrolled, the per-step vector arrays live in registers (a rolled
+// loop over them goes through the stack: ~30% slower for bf16).
+#define TEFL_UNROLL_K _Pragma("GCC unroll 2")
+
+HWY_INLINE void LoadStep(D d, const float* HWY_RESTRICT p, V* v) { v[0] = hn::LoadU(d, p); }
+HWY_INLINE void LoadStep(D d, const bfloat16_t* HWY_RESTRICT p, V* v) {
+  const hn::RebindToUnsigned<D> du;
+  const auto w = hn::LoadU(du, reinterpret_cast<const uint32_t*>(p));
+  v[0] = hn::BitCast(d, hn::ShiftLeft<16>(w));
+  v[1] = hn::BitCast(d, hn::And(w, hn::Set(du, 0xFFFF0000u)));
+}
+HWY_INLINE void StoreStep(D d, const V* v, float* HWY_RESTRICT p, bool stream) {
+  if (stream) {
+    hn::Stream(v[0], d, p);
+  } else {
+    hn::StoreU(v[0], d, p);
+  }
+}
+HWY_INLINE void StoreStep(D d, const V* v, bfloat16_t* HWY_RESTRICT p, bool stream) {
+  const hn::RebindToUnsigned<D> du;
+  const auto lo = hn::ShiftRight<16>(RoundBF16Hi(v[0], d));  // rounded to nearest even
+  const auto hi = hn::And(RoundBF16Hi(v[1], d), hn::Set(du, 0xFFFF0000u));
+  uint32_t* q = reinterpret_cast<uint32_t*>(p);
+  if (stream) {
+    hn::Stream(hn::Or(lo, hi), du, q);
+  } else {
+    hn::StoreU(hn::Or(lo, hi), du, q);
+  }
+}
+
+// ---- One loop per kind over a span of n elements (one dtype T) -----------------
+// `stream` needs every output span to start at a vector-aligned address.
+// Full steps, then the rest Lanes(d) (or fewer) elements at a time.
+
+// y = act(x)
+template <class Fn, class T>
+HWY_INLINE void SpanFwd(const Fn& fn, const T* HWY_RESTRICT x, T* HWY_RESTRICT y, size_t n, bool stream) {
+  const D d;
+  const size_t nl = hn::Lanes(d);
+  constexpr size_t K = kVecs<T>;
+  size_t i = 0;
+  for (; i + K * nl <= n; i += K * nl) {
+    V v[K];
+    LoadStep(d, x + i, v);
+    TEFL_UNROLL_K
+    for (size_t k = 0; k < K; ++k) v[k] = fn.Act(v[k]);
+    StoreStep(d, v, y + i, stream);
+  }
+  for (; i < n; i += nl) {
+    const size_t m = std::min(nl, n - i);
+    StorePartial(d, fn.Act(LoadPartial(d, x + i, m)), y + i, m);
+  }
+}
+
+// y = g * dact(x); acc += y (fp32, before rounding) when acc is not NULL, in
+// the steps' lane order (see kVecs).
+template <class Fn, class T>
+HWY_INLINE void SpanBwd(const Fn& fn, const T* HWY_RESTRICT g, const T* HWY_RESTRICT x, T* HWY_RESTRICT y,
+                        float* HWY_RESTRICT acc, size_t n, bool stream) {
+  const D d;
+  const size_t nl = hn::Lanes(d);
+  constexpr size_t K = kVecs<T>;
+  size_t i = 0;
+  for (; i + K * nl <= n; i += K * nl) {
+    V gv[K], v[K];
+    LoadStep(d, g + i, gv);
+    LoadStep(d, x + i, v);
+    TEFL_UNROLL_K
+    for (size_t k = 0; k < K; ++k) {
+      v[k] = hn::Mul(gv[k], fn.DAct(v[k]));
+      if (acc) hn::StoreU(hn::Add(hn::LoadU(d, acc + i + k * nl), v[k]), d, acc + i + k * nl);
+    }
+    StoreStep(d, v, y + i, stream);
+  }
+  for (; i < n; i += nl) {
+    const size_t m = std::min(nl, n - i);
+    const V v = hn::Mul(LoadPartial(d, g + i, m), fn.DAct(LoadPartial(d, x + i, m)));
+    StorePartial(d, v, y + i, m);
+    if (acc) {
+      HWY_ALIGN float buf[hn::MaxLanes(D())];
+      hn::Store(v, d, buf);
+      for (size_t k = 0; k < m; ++k) acc[i + k] += buf[k];
+    }
+  }
+}
+
+// y = act(a) * gate(b)
+template <class Fn, class T>
+HWY_INLINE void SpanGatedFwd(const Fn& fn, const T* HWY_RESTRICT a, const T* HWY_RESTRICT b, T* HWY_RESTRICT y,
+                             size_t n, bool stream) {
+  const D d;
+  const size_t nl = hn::Lanes(d);
+  constexpr size_t K = kVecs<T>;
+  size_t i = 0;
+  for (; i + K * nl <= n; i += K * nl) {
+    V av[K], bv[K];
+    LoadStep(d, a + i, av);
+    LoadStep(d, b + i, bv);
+    TEFL_UNROLL_K
+    for (size_t k = 0; k < K; ++k) av[k] = hn::Mul(fn.Act(av[k]), fn.Gate(bv[k]));
+    StoreStep(d, av, y + i, stream);
+  }
+  for (; i < n; i += nl) {
+    const size_t m = std::min(nl, n - i);
+    StorePartial(d, hn::Mul(fn.Act(LoadPartial(d, a + i, m)), fn.Gate(LoadPartial(d, b + i, m))), y + i, m);
+  }
+}
+
+// da = g * dact(a) * gate(b); db = gate_grad(b, g * act(a))
+template <class Fn>
+HWY_INLINE void GatedBwdVec(const Fn& fn, V g, V a, V b, V& da, V& db) {
+  V act, dact;
+  fn.ActDAct(a, act, dact);
+  da = hn::Mul(hn::Mul(dact, g), fn.Gate(b));
+  db = fn.GateGrad(b, hn::Mul(act, g));
+}
+template <class Fn, class T>
+HWY_INLINE void SpanGatedBwd(const Fn& fn, const T* HWY_RESTRICT g, const T* HWY_RESTRICT a, const T* HWY_RESTRICT b,
+                             T* HWY_RESTRICT da, T* HWY_RESTRICT db, size_t n, bool stream) {
+  const D d;
+  const size_t nl = hn::Lanes(d);
+  constexpr size_t K = kVecs<T>;
+  size_t i = 0;
+  for (; i + K * nl <= n; i += K * nl) {
+    V gv[K], av[K], bv[K];
+    LoadStep(d, g + i, gv);
+    LoadStep(d, a + i, av);
+    LoadStep(d, b + i, bv);
+    TEFL_UNROLL_K
+    for (size_t k = 0; k < K; ++k) GatedBwdVec(fn, gv[k], av[k], bv[k], av[k], bv[k]);
+    StoreStep(d, av, da + i, stream);
+    StoreStep(d, bv, db + i, stream);
+  }
+  for (; i < n; i += nl) {
+    const size_t m = std::min(nl, n - i);
+    V va, vb;
+    GatedBwdVec(fn, LoadPartial(d, g + i, m), LoadPartial(d, a + i, m), LoadPartial(d, b + i, m), va, vb);
+    StorePartial(d, va, da + i, m);
+    StorePartial(d, vb, db + i, m);
+  }
+}
+
+// ---- Mixed dtypes: fp32 copies of kTile elements at a time ----------------------
+template <class T>
+HWY_INLINE void ToF32T(const T* HWY_RESTRICT src, float* HWY_RESTRICT dst, size_t n) {
+  const D d;
+  const size_t nl = hn::Lanes(d);
+  size_t i = 0;
+  for (; i + nl <= n; i += nl) hn::Store(LoadF(d, src + i), d, dst + i);
+  for (; i < n; ++i) dst[i] = ScalarLoad(src + i);
+}
+template <class T>
+HWY_INLINE void FromF32T(const float* HWY_RESTRICT src, T* HWY_RESTRICT dst, size_t n) {
+  const D d;
+  const size_t nl = hn::Lanes(d);
+  size_t i = 0;
+  for (; i + nl <= n; i += nl) StoreF(hn::Load(d, src + i), d, dst + i);
+  for (; i < n; ++i) ScalarStore(src[i], dst + i);
+}
+// n elements from element `off` of a tensor of dtype t, as fp32 in dst.
+HWY_INLINE void ToF32(const void* base, DType t, size_t off, float* dst, size_t n) {
+  switch (t) {
+    case DType::kF32:
+      return ToF32T(static_cast<const float*>(base) + off, dst, n);
+    case DType::kBF16:
+      return ToF32T(static_cast<const bfloat16_t*>(base) + off, dst, n);
+    default:
+      return ToF32T(static_cast<const float16_t*>(base) + off, dst, n);
+  }
+}
+HWY_INLINE void FromF32(const float* src, DType t, void* base, size_t off, size_t n) {
+  switch (t) {
+    case DType::kF32:
+      return FromF32T(src, static_cast<float*>(base) + off, n);
+    case DType::kBF16:
+      return FromF32T(src, static_cast<bfloat16_t*>(base) + off, n);
+    default:
+      return FromF32T(src, static_cast<float16_t*>(base) + off, n);
+  }
+}
+
+// ---- Work items per kind -----------------------------------------------------------
+// Fwd/Bwd: items are blocks of kBlock elements. GatedFwd/GatedBwd: rows.
+// Dbias: blocks of rows (Job::blocks of them).
+
+template <Kind kKind, class Fn, class T>
+HWY_INLINE void FlatItems(const Fn& fn, const Job& j, int64_t begin, int64_t end) {
+  const size_t e0 = size_t(begin * kBlock), e1 = size_t(std::min(end * kBlock, j.n));
+  const T* x = static_cast<const T*>(j.x) + e0;
+  T* y = static_cast<T*>(j.y) + e0;
+  if constexpr (kKind == Kind::kFwd) {
+    SpanFwd(fn, x, y, e1 - e0, j.stream);
+  } else {
+    SpanBwd(fn, static_cast<const T*>(j.g) + e0, x, y, static_cast<float*>(nullptr), e1 - e0, j.stream);
+  }
+}
+
+template <Kind kKind, class Fn>
+HWY_INLINE void FlatItemsStaged(const Fn& fn, const Job& j, int64_t begin, int64_t end) {
+  HWY_ALIGN float bx[kTile], bg[kTile], by[kTile];
+  const size_t e1 = size_t(std::min(end * kBlock, j.n));
+  for (size_t e = size_t(begin * kBlock); e < e1; e += kTile) {
+    const size_t m = std::min(kTile, e1 - e);
+    ToF32(j.x, j.tx, e, bx, m);
+    if constexpr (kKind == Kind::kFwd) {
+      SpanFwd(fn, bx, by, m, false);
+    } else {
+      ToF32(j.g, j.tg, e, bg, m);
+      SpanBwd(fn, bg, bx, by, static_cast<float*>(nullptr), m, false);
+    }
+    FromF32(by, j.ty, j.y, e, m);
+  }
+}
+
+template <Kind kKind, class Fn, class T>
+HWY_INLINE void GatedRows(const Fn& fn, const Job& j, int64_t r0, int64_t r1) {
+  const size_t h = size_t(j.h);
+  for (int64_t r = r0; r < r1; ++r) {
+    const T* a = static_cast<const T*>(j.x) + size_t(r) * 2 * h;
+    if constexpr (kKind == Kind::kGatedFwd) {
+      SpanGatedFwd(fn, a, a + h, static_cast<T*>(j.y) + size_t(r) * h, h, j.stream);
+    } else {
+      T* da = static_cast<T*>(j.y) + size_t(r) * 2 * h;
+      SpanGatedBwd(fn, static_cast<const T*>(j.g) + size_t(r) * h, a, a + h, da, da + h, h, j.stream);
+    }
+  }
+}
+
+template <Kind kKind, class Fn>
+HWY_INLINE void GatedRowsStaged(const Fn& fn, const Job& j, int64_t r0, int64_t r1) {
+  HWY_ALIGN float ba[kTile], bb[kTile], bg[kTile], b0[kTile], b1[kTile];
+  const size_t h = size_t(j.h);
+  for (int64_t r = r0; r < r1; ++r) {
+    const size_t xa = size_t(r) * 2 * h, xb = xa + h;
+    for (size_t c = 0; c < h; c += kTile) {
+      const size_t m = std::min(kTile, h - c);
+      ToF32(j.x, j.tx, xa + c, ba, m);
+      ToF32(j.x, j.tx, xb + c, bb, m);
+      if constexpr (kKind == Kind::kGatedFwd) {
+        SpanGatedFwd(fn, ba, bb, b0, m, false);
+        FromF32(b0, j.ty, j.y, size_t(r) * h + c, m);
+      } else {
+        ToF32(j.g, j.tg, size_t(r) * h + c, bg, m);
+        SpanGatedBwd(fn, bg, ba, bb, b0, b1, m, false);
+        FromF32(b0, j.ty, j.y, xa + c, m);
+        FromF32(b1, j.ty, j.y, xb + c, m);
+      }
+    }
+  }
+}
+
+// dbias: rows [r0, r1) of one block into acc (fp32, flushed into the double
+// partial every kFlushRows rows).
+// acc holds a row in the lane order of SpanBwd<T>'s steps: with two vectors
+// per step, element k of a step's first vector is column 2k of the step and
+// element k of its second vector column 2k + 1; the tail is in order.
+template <class T>
+HWY_INLINE void FlushAcc(float* HWY_RESTRICT acc, double* HWY_RESTRICT partial, size_t h) {
+  const size_t nl = hn::Lanes(D());
+  constexpr size_t K = kVecs<T>;
+  size_t c = 0;
+  if (K == 2) {
+    for (; c + 2 * nl <= h; c += 2 * nl) {
+      for (size_t k = 0; k < nl; ++k) {
+        partial[c + 2 * k] += double(acc[c + k]);
+        partial[c + 2 * k + 1] += double(acc[c + nl + k]);
+      }
+    }
+  }
+  for (; c < h; ++c) partial[c] += double(acc[c]);
+  std::fill(acc, acc + h, 0.0f);
+}
+
+template <class Fn, class T>
+HWY_INLINE void DbiasRows(const Fn& fn, const Job& j, int64_t r0, int64_t r1, float* acc, double* partial) {
+  const size_t h = size_t(j.h);
+  for (int64_t r = r0; r < r1; ++r) {
+    const size_t off = size_t(r) * h;
+    SpanBwd(fn, static_cast<const T*>(j.g) + off, static_cast<const T*>(j.x) + off, static_cast<T*>(j.y) + off, acc, h,
+            j.stream);
+    if ((r - r0 + 1) % kFlushRows == 0) FlushAcc<T>(acc, partial, h);
+  }
+  FlushAcc<T>(acc, partial, h);
+}
+
+template <class Fn>
+HWY_INLINE void DbiasRowsStaged(const Fn& fn, const Job& j, int64_t r0, int64_t r1, float* acc, double* partial) {
+  HWY_ALIGN float bx[kTile], bg[kTile], by[kTile];
+  const size_t h = size_t(j.h);
+  for (int64_t r = r0; r < r1; ++r) {
+    for (size_t c = 0; c < h; c += kTile) {
+      const size_t m = std::min(kTile, h - c), off = size_t(r) * h + c;
+      ToF32(j.x, j.tx, off, bx, m);
+      ToF32(j.g, j.tg, off, bg, m);
+      SpanBwd(fn, bg, bx, by, acc + c, m, false);
+      FromF32(by, j.ty, j.y, off, m);
+    }
+    if ((r - r0 + 1) % kFlushRows == 0) FlushAcc<float>(acc, partial, h);
+  }
+  FlushAcc<float>(acc, partial, h);
+}
+
+// Items [begin, end) of a call of kind kKind with activation functor fn.
+template <Kind kKind, class Fn>
+HWY_NOINLINE void RunItems(const Fn& fn, const Job& j, int64_t begin, int64_t end) {
+  const bool f32 = j.fast && j.fast_t == DType::kF32;
+  const bool bf16 = j.fast && j.fast_t == DType::kBF16;
+  if constexpr (kKind == Kind::kFwd || kKind == Kind::kBwd) {
+    if (f32) return FlatItems<kKind, Fn, float>(fn, j, begin, end);
+    if (bf16) return FlatItems<kKind, Fn, bfloat16_t>(fn, j, begin, end);
+    return FlatItemsStaged<kKind>(fn, j, begin, end);
+  } else if constexpr (kKind == Kind::kGatedFwd || kKind == Kind::kGatedBwd) {
+    if (f32) return GatedRows<kKind, Fn, float>(fn, j, begin, end);
+    if (bf16) return GatedRows<kKind, Fn, bfloat16_t>(fn, j, begin, end);
+    return GatedRowsStaged<kKind>(fn, j, begin, end);
+  } else {
+    for (int64_t blk = begin; blk < end; ++blk) {
+      const int64_t r0 = j.rows * blk / j.blocks, r1 = j.rows * (blk + 1) / j.blocks;
+      float* acc = j.acc + size_t(blk) * size_t(j.h);
+      double* partial = j.partial + size_t(blk) * size_t(j.h);
+      if (f32) {
+        DbiasRows<Fn, float>(fn, j, r0, r1, acc, partial);
+      } else if (bf16) {
+        DbiasRows<Fn, bfloat16_t>(fn, j, r0, r1, acc, partial);
+      } else {
+        DbiasRowsStaged(fn, j, r0, r1, acc, partial);
+      }
+    }
+  }
+}
+
+// The activations of kind kKind (glu and clamped SwiGLU are gated only).
+template <Kind kKind>
+HWY_INLINE void ItemsOfKind(const Job& j, int64_t begin, int64_t end) {
+  constexpr bool kGated = kKind == Kind::kGatedFwd || kKind == Kind::kGatedBwd;
+  switch (j.act) {
+    case Act::kGelu:
+      return RunItems<kKind>(GeluFn(), j, begin, end);
+    case Act::kQGelu:
+      return RunItems<kKind>(SigmoidLinearFn{{}, 1.702f}, j, begin, end);
+    case Act::kRelu:
+      return RunItems<kKind>(ReluFn(), j, begin, end);
+    case Act::kSrelu:
+      return RunItems<kKind>(SreluFn(), j, begin, end);
+    case Act::kSilu:
+      return RunItems<kKind>(SigmoidLinearFn{{}, 1.0f}, j, begin, end);
+    case Act::kGlu:
+      if constexpr (kGated) return RunItems<kKind>(GluFn(), j, begin, end);
+      break;
+    case Act::kClamped:
+      if constexpr (kGated) return RunItems<kKind>(ClampedFn{j.limit, j.alpha}, j, begin, end);
+      break;
+  }
+}
+
+// Exported: work items [begin, end) of a call.
+void ActivationItems(const Job& j, int64_t begin, int64_t end) {
+  switch (j.kind) {
+    case Kind::kFwd:
+      return ItemsOfKind<Kind::kFwd>(j, begin, end);
+    case Kind::kBwd:
+      return ItemsOfKind<Kind::kBwd>(j, begin, end);
+    case Kind::kGatedFwd:
+      return ItemsOfKind<Kind::kGatedFwd>(j, begin, end);
+    case Kind::kGatedBwd:
+      return ItemsOfKind<Kind::kGatedBwd>(j, begin, end);
+    case Kind::kDbias:
+      return ItemsOfKind<Kind::kDbias>(j, begin, end);
+  }
+}
+
+}  // namespace tefl::backends::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+// ---- Dispatch, threading and registration (compiled once) ------------------
+#if HWY_ONCE
 namespace tefl::backends {
 
-tefl_status* RegisterPortableActivation(const tefl_registrar&) { return nullptr; }
+HWY_EXPORT(ActivationItems);
+
+namespace {
+
+// Output bytes above which outputs are written with non-temporal stores (an
+// output larger than a typical L3 is evicted before it is read back anyway,
+// and streaming saves the read-for-ownership of every line).
+constexpr int64_t kStreamMinBytes = int64_t(32) << 20;
+
+bool IsFloat(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+
+int64_t Rows(const DLTensor* x) {
+  int64_t n = 1;
+  for (int d = 0; d + 1 < x->ndim; ++d) n *= x->shape[d];
+  return n;
+}
+
+// No allocation here: also used from catch blocks (nothing may escape).
+tefl_status* Status(const tefl_call_frame* f, int32_t code, const char* what) noexcept {
+  char msg[256];
+  std::snprintf(msg, sizeof(msg), "%s (default.portable): %s", f->op_name ? f->op_name : "activation", what);
+  return f->host->status_new(code, msg);
+}
+
+void Body(void* ctx, int64_t begin, int64_t end) {
+  const Job& j = *static_cast<const Job*>(ctx);
+  HWY_DYNAMIC_DISPATCH(ActivationItems)(j, begin, end);
+  if (j.stream) hwy::FlushStream();  // order this thread's streamed stores
+}
+
+template <Kind kKind, Act kAct>
+tefl_status* Kernel(const tefl_call_frame* f, void*) {
+  try {
+    constexpr bool kGated = kKind == Kind::kGatedFwd || kKind == Kind::kGatedBwd;
+    constexpr bool kHasGrad = kKind != Kind::kFwd && kKind != Kind::kGatedFwd;
+    const DLTensor* x = f->inputs[kHasGrad ? 1 : 0];
+    const DLTensor* g = kHasGrad ? f->inputs[0] : nullptr;
+    DLTensor* y = f->outputs[0];
+    DLTensor* dbias = kKind == Kind::kDbias ? f->outputs[1] : nullptr;
+
+    Job j{};
+    j.kind = kKind;
+    j.act = kAct;
+    j.tx = DTypeOf(x->dtype);
+    j.tg = g ? DTypeOf(g->dtype) : j.tx;
+    j.ty = DTypeOf(y->dtype);
+    const DType tdb = dbias ? DTypeOf(dbias->dtype) : DType::kF32;
+    if (!IsFloat(j.tx) || !IsFloat(j.tg) || !IsFloat(j.ty) || !IsFloat(tdb))
+      return Status(f, TEFL_UNSUPPORTED, "dtypes other than fp32/fp16/bf16");
+    j.fast = j.tx == j.tg && j.tx == j.ty && j.tx != DType::kF16;
+    j.fast_t = j.tx;
+    j.x = DataPtr(x);
+    j.g = g ? DataPtr(g) : nullptr;
+    j.y = DataPtr(y);
+    const int64_t last = x->shape[x->ndim - 1];
+    j.rows = Rows(x);
+    j.h = kGated ? last / 2 : last;
+    j.n = j.rows * last;
+    if (kAct == Act::kClamped) {
+      const auto* attrs = static_cast<const tefl_clamped_swiglu_attrs*>(f->attrs);
+      j.limit = attrs->limit;
+      j.alpha = attrs->alpha;
+    }
+
+    // Streaming needs every output span (block, row or half row) to start
+    // 64-byte aligned.
+    const int64_t esz = int64_t(ElemSize(j.ty));
+    const int64_t out_bytes = NumElements(y) * esz;
+    const int64_t span_bytes = kGated || kKind == Kind::kDbias ? j.h * esz : kBlock * esz;
+    j.stream =
+        j.fast && out_bytes >= kStreamMinBytes && span_bytes % 64 == 0 && reinterpret_cast<uintptr_t>(j.y) % 64 == 0;
+
+    if (kKind == Kind::kDbias) {
+      const size_t h = size_t(j.h);
+      // Fixed blocks: the partition depends only on (rows, num_threads).
+      j.blocks = j.rows == 0 ? 0 : std::min<int64_t>(std::max<int64_t>(1, f->host->num_threads()), j.rows);
+      std::vector<double> partial(size_t(j.blocks) * h, 0.0);
+      std::vector<float> acc(size_t(j.blocks) * h, 0.0f);
+      j.partial = partial.data();
+      j.acc = acc.data();
+      if (j.blocks > 0 && h > 0) f->host->parallel_for(j.blocks, 1, Body, &j);
+      void* dbp = DataPtr(dbias);
+      for (size_t c = 0; c < h; ++c) {
+        double s = 0.0;
+        for (int64_t blk = 0; blk < j.blocks; ++blk) s += partial[size_t(blk) * h + c];
+        StoreFromDouble(dbp, int64_t(c), tdb, s);
+      }
+      return nullptr;
+    }
+    if (j.n == 0) return nullptr;
+    if (kGated) {
+      // Rows of at least ~32 KiB of input per chunk.
+      const int64_t grain = std::max<int64_t>(1, (int64_t(8) << 10) / std::max<int64_t>(1, j.h));
+      f->host->parallel_for(j.rows, grain, Body, &j);
+    } else {
+      const int64_t items = (j.n + kBlock - 1) / kBlock;
+      f->host->parallel_for(items, 2, Body, &j);
+    }
+    return nullptr;
+  } catch (const std::exception& e) {
+    return Status(f, TEFL_INTERNAL, e.what());
+  } catch (...) {
+    return Status(f, TEFL_INTERNAL, "unknown exception");
+  }
+}
+
+}  // namespace
+
+tefl_status* RegisterPortableActivation(const tefl_registrar& registrar) {
+  struct Entry {
+    const char* op;
+    tefl_kernel_fn fn;
+  };
+  static constexpr Entry kEntries[] = {
+      {"gelu", Kernel<Kind::kFwd, Act::kGelu>},
+      {"qgelu", Kernel<Kind::kFwd, Act::kQGelu>},
+      {"relu", Kernel<Kind::kFwd, Act::kRelu>},
+      {"srelu", Kernel<Kind::kFwd, Act::kSrelu>},
+      {"silu", Kernel<Kind::kFwd, Act::kSilu>},
+      {"dgelu", Kernel<Kind::kBwd, Act::kGelu>},
+      {"dqgelu", Kernel<Kind::kBwd, Act::kQGelu>},
+      {"drelu", Kernel<Kind::kBwd, Act::kRelu>},
+      {"dsrelu", Kernel<Kind::kBwd, Act::kSrelu>},
+      {"dsilu", Kernel<Kind::kBwd, Act::kSilu>},
+      {"glu", Kernel<Kind::kGatedFwd, Act::kGlu>},
+      {"geglu", Kernel<Kind::kGatedFwd, Act::kGelu>},
+      {"qgeglu", Kernel<Kind::kGatedFwd, Act::kQGelu>},
+      {"reglu", Kernel<Kind::kGatedFwd, Act::kRelu>},
+      {"sreglu", Kernel<Kind::kGatedFwd, Act::kSrelu>},
+      {"swiglu", Kernel<Kind::kGatedFwd, Act::kSilu>},
+      {"clamped_swiglu", Kernel<Kind::kGatedFwd, Act::kClamped>},
+      {"dglu", Kernel<Kind::kGatedBwd, Act::kGlu>},
+      {"dgeglu", Kernel<Kind::kGatedBwd, Act::kGelu>},
+      {"dqgeglu", Kernel<Kind::kGatedBwd, Act::kQGelu>},
+      {"dreglu", Kernel<Kind::kGatedBwd, Act::kRelu>},
+      {"dsreglu", Kernel<Kind::kGatedBwd, Act::kSrelu>},
+      {"dswiglu", Kernel<Kind::kGatedBwd, Act::kSilu>},
+      {"clamped_dswiglu", Kernel<Kind::kGatedBwd, Act::kClamped>},
+      {"dbias_dgelu", Kernel<Kind::kDbias, Act::kGelu>},
+      {"dbias_dsilu", Kernel<Kind::kDbias, Act::kSilu>},
+      {"dbias_drelu", Kernel<Kind::kDbias, Act::kRelu>},
+      {"dbias_dqgelu", Kernel<Kind::kDbias, Act::kQGelu>},
+      {"dbias_dsrelu", Kernel<Kind::kDbias, Act::kSrelu>},
+  };
+  for (const Entry& e : kEntries) {
+    tefl_impl_desc desc{};
+    desc.struct_size = TEFL_IMPL_DESC_STRUCT_SIZE;
+    desc.op_name = e.op;
+    desc.impl_id = "default.portable";
+    desc.kind = TEFL_KIND_DEFAULT;
+    desc.priority = 0;
+    desc.vendor = nullptr;
+    desc.device_mask = TEFL_DEVICE_BIT(kDLCPU);
+    desc.kernel = e.fn;
+    desc.supports = nullptr;
+    desc.user_data = nullptr;
+    if (tefl_status* s = registrar.register_impl(registrar.ctx, &desc)) return s;
+  }
+  return nullptr;
+}
 
 }  // namespace tefl::backends
+#endif  // HWY_ONCE
