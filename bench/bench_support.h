@@ -13,6 +13,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -87,19 +88,23 @@ inline std::vector<std::string> CpuImpls(const std::string& op) {
 class CopyRelativeReporter : public benchmark::ConsoleReporter {
  public:
   CopyRelativeReporter() : ConsoleReporter(isatty(1) ? OO_Defaults : OO_Tabular) {}
+  // With repetitions, each aggregate (mean, median) is compared with the
+  // copy's aggregate of the same name; stddev and cv rows get no percentage.
   void ReportRuns(const std::vector<Run>& runs) override {
     std::vector<Run> out = runs;
     for (Run& r : out) {
+      if (r.aggregate_name == "stddev" || r.aggregate_name == "cv") continue;
       auto it = r.counters.find("bytes_per_second");
       const double gbps = it != r.counters.end() ? double(it->second) / 1e9 : 0;
-      if (r.run_name.function_name.rfind("BM_Copy", 0) == 0) copy_gbps_ = gbps;
-      if (copy_gbps_ > 0 && gbps > 0) r.counters["pct_of_copy"] = benchmark::Counter(100.0 * gbps / copy_gbps_);
+      if (r.run_name.function_name.rfind("BM_Copy", 0) == 0) copy_gbps_[r.aggregate_name] = gbps;
+      const double copy = copy_gbps_.count(r.aggregate_name) ? copy_gbps_[r.aggregate_name] : 0;
+      if (copy > 0 && gbps > 0) r.counters["pct_of_copy"] = benchmark::Counter(100.0 * gbps / copy);
     }
     ConsoleReporter::ReportRuns(out);
   }
 
  private:
-  double copy_gbps_ = 0;
+  std::map<std::string, double> copy_gbps_;  // by aggregate name ("" for a single run)
 };
 
 // Initialises the library and Google Benchmark, runs, shuts down.
