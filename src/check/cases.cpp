@@ -60,12 +60,14 @@ std::vector<Case> BuiltinCases(const std::string& op_name, const GridOptions& op
   const std::string family = op->family;
   const std::string name = op->name;
   using namespace cases_internal;
-  if (family == "normalization") return NormalizationCases(name, options);
-  if (family == "activation") return ActivationCases(name, options);
-  if (family == "softmax") return SoftmaxCases(name, options);
-  if (family == "rope") return RopeCases(name, options);
-  if (family == "dropout") return DropoutCases(name, options);
-  return {};
+  std::vector<Case> cases;
+  if (family == "normalization") cases = NormalizationCases(name, options);
+  if (family == "activation") cases = ActivationCases(name, options);
+  if (family == "softmax") cases = SoftmaxCases(name, options);
+  if (family == "rope") cases = RopeCases(name, options);
+  if (family == "dropout") cases = DropoutCases(name, options);
+  if (options.first_only && cases.size() > 1) cases.resize(1);
+  return cases;
 }
 
 }  // namespace tefl::check

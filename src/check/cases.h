@@ -37,6 +37,7 @@ struct Case {
 struct GridOptions {
   std::optional<DType> dtype;                 // only this data dtype
   std::optional<std::vector<int64_t>> shape;  // only this main-input shape (each family reads it its way)
+  bool first_only = false;                    // stop after the first case (benchmarks: big shapes)
 };
 
 // The cases of `op` (by name or alias); empty for an op without a grid.

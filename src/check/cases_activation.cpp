@@ -86,6 +86,7 @@ std::vector<Case> ActivationCases(const std::string& op, const GridOptions& o) {
       if (clamped) c.attrs = AttrBytes(tefl_clamped_swiglu_attrs{TEFL_CLAMPED_SWIGLU_ATTRS_STRUCT_SIZE, 7.0f, 1.702f});
       c.exact.assign(c.outputs.size(), false);
       out.push_back(std::move(c));
+      if (o.first_only) return out;
     }
   }
   return out;

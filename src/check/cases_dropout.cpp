@@ -48,6 +48,7 @@ std::vector<Case> DropoutCases(const std::string& op, const GridOptions& o) {
           c.exact = {false};
         }
         out.push_back(std::move(c));
+        if (o.first_only) return out;
       }
     }
   }

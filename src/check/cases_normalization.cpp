@@ -84,6 +84,7 @@ std::vector<Case> NormalizationCases(const std::string& op, const GridOptions& o
         }
         c.exact.assign(c.outputs.size(), false);
         out.push_back(std::move(c));
+        if (o.first_only) return out;
       }
     }
   }

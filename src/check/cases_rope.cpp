@@ -57,6 +57,7 @@ std::vector<Case> RopeCases(const std::string& op, const GridOptions& o) {
             c.tolerances = {ToleranceFor(t)};
             c.exact = {false};
             out.push_back(std::move(c));
+            if (o.first_only) return out;
           }
         }
       }

@@ -81,6 +81,7 @@ std::vector<Case> SoftmaxCases(const std::string& op, const GridOptions& o) {
         c.tolerances = {SoftmaxTol(t)};
         c.exact = {false};
         out.push_back(std::move(c));
+        if (o.first_only) return out;
       }
     }
   }
