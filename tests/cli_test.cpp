@@ -211,6 +211,20 @@ TEST(Cli, BenchReportsBandwidthAgainstCopy) {
   EXPECT_TRUE(impls.count("default.portable") && impls.count("reference.cpp"));
 }
 
+TEST(Cli, BenchPlotWritesAPng) {
+  const std::string png = ::testing::TempDir() + "/tefl_bench_plot." + std::to_string(getpid()) + ".png";
+  const Result r = Tefl("bench --op relu --op gelu --size 32,64 --min-time 0.01 --plot '" + png + "'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("chart written to"), std::string::npos) << r.out;
+  const std::string bytes = ReadFile(png);
+  ASSERT_GT(bytes.size(), 1000u);
+  EXPECT_EQ(bytes.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+  std::remove(png.c_str());
+  // A failing plot script is this command's error.
+  ExpectOneErrorLine(Tefl("bench --op relu --size 8,8 --min-time 0.01 --plot /nonexistent-dir/x.png"),
+                     "the plot script failed");
+}
+
 TEST(Cli, DemoReferenceHasZeroErrorDefaultWithinTolerance) {
   const std::string size = "demo --batch 1 --seq 16 --hidden 64 --heads 2 --ffn 32 --json";
   nlohmann::json j = Tefl(size, "TE_FL_PREFER=reference").Json();

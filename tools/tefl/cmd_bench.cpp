@@ -169,10 +169,22 @@ void AddBenchCommand(CLI::App& app) {
       const bool wrote = write(fd, data.data(), data.size()) == ssize_t(data.size());
       close(fd);
       if (!wrote) throw CliError("cannot write the plot data");
-      const std::string command = fmt::format("python3 '{}' '{}' '{}'", script, tmpl, args->plot);
-      const int rc = std::system(command.c_str());
+      // The script's own messages are folded into this command's one error line.
+      const std::string command = fmt::format("python3 '{}' '{}' '{}' 2>&1", script, tmpl, args->plot);
+      std::string output;
+      int rc = -1;
+      if (FILE* pipe = popen(command.c_str(), "r")) {
+        char buf[512];
+        while (std::fgets(buf, sizeof(buf), pipe)) output += buf;
+        rc = pclose(pipe);
+      }
       unlink(tmpl);
-      if (rc != 0) throw CliError(fmt::format("the plot script failed (exit {}): {}", rc, command));
+      if (rc != 0) {
+        while (!output.empty() && (output.back() == '\n' || output.back() == ' ')) output.pop_back();
+        const size_t nl = output.rfind('\n');
+        const std::string last = nl == std::string::npos ? output : output.substr(nl + 1);
+        throw CliError(fmt::format("the plot script failed ({}): {}", script, last.empty() ? "no output" : last));
+      }
       if (!args->json) std::printf("chart written to %s\n", args->plot.c_str());
     }
   });
