@@ -69,8 +69,8 @@ std::vector<int64_t> DefaultSize(const std::string& family) {
 
 void AddBenchCommand(CLI::App& app) {
   struct Args {
-    std::vector<std::string> plugins, ops;
-    std::string impl, dtype = "fp32", size, plot;
+    std::vector<std::string> plugins, ops, impls;
+    std::string dtype = "fp32", size, plot;
     double min_time = 0.3;
     bool json = false;
   };
@@ -79,7 +79,7 @@ void AddBenchCommand(CLI::App& app) {
       "bench", "Time each op x implementation; GB/s and % of this machine's copy bandwidth measured in the same run");
   AddPluginOption(cmd, &args->plugins);
   cmd->add_option("--op", args->ops, "Only this op (repeatable); default: every op with a built-in call");
-  cmd->add_option("--impl", args->impl, "Only this implementation id");
+  cmd->add_option("--impl", args->impls, "Only this implementation id (repeatable: side by side in one run)");
   cmd->add_option("--dtype", args->dtype, "Data dtype: fp32, bf16, fp16")->capture_default_str();
   cmd->add_option("--size", args->size,
                   "Shape of the main input (default per family: 4096,4096; softmax 2,16,1024,1024; rope "
@@ -117,7 +117,9 @@ void AddBenchCommand(CLI::App& app) {
         if (in) bytes += double(in->nbytes());
       for (const Tensor& out : c.outputs) bytes += double(out.nbytes());
       for (const OpImpl& impl : GetDefaultRegistry().GetImplementations(op->name)) {
-        if (!args->impl.empty() && impl.impl_id != args->impl) continue;
+        if (!args->impls.empty() &&
+            std::find(args->impls.begin(), args->impls.end(), impl.impl_id) == args->impls.end())
+          continue;
         if (!(impl.device_mask & TEFL_DEVICE_BIT(kDLCPU))) continue;
         if (progress) {
           std::fprintf(stderr, "\r\033[K%s on %s", op->name, impl.impl_id.c_str());
