@@ -65,6 +65,23 @@ std::vector<int64_t> DefaultSize(const std::string& family) {
   return {4096, 4096};
 }
 
+// The plot script: $TEFL_PLOT_SCRIPT, else the source tree's (a build
+// tree's binary), else the installed one next to this binary
+// (<prefix>/bin/tefl -> <prefix>/share/tefl/plot_bench.py).
+std::string PlotScript() {
+  if (const char* env = std::getenv("TEFL_PLOT_SCRIPT")) return env;
+  if (access(TEFL_PLOT_SCRIPT, R_OK) == 0) return TEFL_PLOT_SCRIPT;
+  char exe[4096];
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n > 0) {
+    std::string path(exe, size_t(n));
+    path = path.substr(0, path.rfind('/'));
+    path = path.substr(0, path.rfind('/')) + "/share/tefl/plot_bench.py";
+    if (access(path.c_str(), R_OK) == 0) return path;
+  }
+  return TEFL_PLOT_SCRIPT;  // missing: the run reports it
+}
+
 }  // namespace
 
 void AddBenchCommand(CLI::App& app) {
@@ -162,8 +179,7 @@ void AddBenchCommand(CLI::App& app) {
                   copy_bps / 1e9, t.ToString().c_str());
     }
     if (!args->plot.empty()) {
-      const char* script_env = std::getenv("TEFL_PLOT_SCRIPT");
-      const std::string script = script_env ? script_env : TEFL_PLOT_SCRIPT;
+      const std::string script = PlotScript();
       char tmpl[] = "/tmp/tefl-bench-XXXXXX";
       const int fd = mkstemp(tmpl);
       if (fd < 0) throw CliError("cannot create a temporary file for the plot data");
