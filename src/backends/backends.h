@@ -5,9 +5,22 @@
 #ifndef TEFL_SRC_BACKENDS_BACKENDS_H_
 #define TEFL_SRC_BACKENDS_BACKENDS_H_
 
+#include <span>
+
 #include "tefl/tefl.h"
 
 namespace tefl::backends {
+
+// One kernel of a family's backend: the op it serves and its entry point.
+struct KernelEntry {
+  const char* op;
+  tefl_kernel_fn kernel;
+};
+// Registers each entry as implementation `impl_id` of `kind` on the CPU
+// (priority 0, no vendor, no supports(): a built-in serves every valid call
+// or declines from its kernel); returns the first error.
+tefl_status* RegisterCpuKernels(const tefl_registrar& registrar, const char* impl_id, int32_t kind,
+                                std::span<const KernelEntry> entries);
 
 // reference.cpp: scalar C++, double accumulation; the oracle.
 tefl_status* RegisterReferenceNormalization(const tefl_registrar& registrar);

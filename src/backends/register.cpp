@@ -4,6 +4,25 @@
 
 namespace tefl::backends {
 
+tefl_status* RegisterCpuKernels(const tefl_registrar& registrar, const char* impl_id, int32_t kind,
+                                std::span<const KernelEntry> entries) {
+  for (const KernelEntry& e : entries) {
+    tefl_impl_desc desc{};
+    desc.struct_size = TEFL_IMPL_DESC_STRUCT_SIZE;
+    desc.op_name = e.op;
+    desc.impl_id = impl_id;
+    desc.kind = kind;
+    desc.priority = 0;
+    desc.vendor = nullptr;
+    desc.device_mask = TEFL_DEVICE_BIT(kDLCPU);
+    desc.kernel = e.kernel;
+    desc.supports = nullptr;
+    desc.user_data = nullptr;
+    if (tefl_status* s = registrar.register_impl(registrar.ctx, &desc)) return s;
+  }
+  return nullptr;
+}
+
 tefl_status* RegisterBuiltinBackends(const tefl_registrar& registrar) {
   using RegisterFn = tefl_status* (*)(const tefl_registrar&);
   static constexpr RegisterFn kFamilies[] = {

@@ -808,11 +808,7 @@ tefl_status* Kernel(const tefl_call_frame* f, void*) {
 }  // namespace
 
 tefl_status* RegisterPortableActivation(const tefl_registrar& registrar) {
-  struct Entry {
-    const char* op;
-    tefl_kernel_fn fn;
-  };
-  static constexpr Entry kEntries[] = {
+  static constexpr KernelEntry kEntries[] = {
       {"gelu", Kernel<Kind::kFwd, Act::kGelu>},
       {"qgelu", Kernel<Kind::kFwd, Act::kQGelu>},
       {"relu", Kernel<Kind::kFwd, Act::kRelu>},
@@ -843,21 +839,7 @@ tefl_status* RegisterPortableActivation(const tefl_registrar& registrar) {
       {"dbias_dqgelu", Kernel<Kind::kDbias, Act::kQGelu>},
       {"dbias_dsrelu", Kernel<Kind::kDbias, Act::kSrelu>},
   };
-  for (const Entry& e : kEntries) {
-    tefl_impl_desc desc{};
-    desc.struct_size = TEFL_IMPL_DESC_STRUCT_SIZE;
-    desc.op_name = e.op;
-    desc.impl_id = "default.portable";
-    desc.kind = TEFL_KIND_DEFAULT;
-    desc.priority = 0;
-    desc.vendor = nullptr;
-    desc.device_mask = TEFL_DEVICE_BIT(kDLCPU);
-    desc.kernel = e.fn;
-    desc.supports = nullptr;
-    desc.user_data = nullptr;
-    if (tefl_status* s = registrar.register_impl(registrar.ctx, &desc)) return s;
-  }
-  return nullptr;
+  return RegisterCpuKernels(registrar, "default.portable", TEFL_KIND_DEFAULT, kEntries);
 }
 
 }  // namespace tefl::backends

@@ -298,26 +298,8 @@ tefl_status* BwdKernel(const tefl_call_frame* f, void*) { return Run(f, false); 
 }  // namespace
 
 tefl_status* RegisterPortableDropout(const tefl_registrar& registrar) {
-  struct Entry {
-    const char* op;
-    tefl_kernel_fn fn;
-  };
-  static constexpr Entry kEntries[] = {{"dropout_fwd", FwdKernel}, {"dropout_bwd", BwdKernel}};
-  for (const Entry& e : kEntries) {
-    tefl_impl_desc desc{};
-    desc.struct_size = TEFL_IMPL_DESC_STRUCT_SIZE;
-    desc.op_name = e.op;
-    desc.impl_id = "default.portable";
-    desc.kind = TEFL_KIND_DEFAULT;
-    desc.priority = 0;
-    desc.vendor = nullptr;
-    desc.device_mask = TEFL_DEVICE_BIT(kDLCPU);
-    desc.kernel = e.fn;
-    desc.supports = nullptr;
-    desc.user_data = nullptr;
-    if (tefl_status* s = registrar.register_impl(registrar.ctx, &desc)) return s;
-  }
-  return nullptr;
+  static constexpr KernelEntry kEntries[] = {{"dropout_fwd", FwdKernel}, {"dropout_bwd", BwdKernel}};
+  return RegisterCpuKernels(registrar, "default.portable", TEFL_KIND_DEFAULT, kEntries);
 }
 
 }  // namespace tefl::backends

@@ -626,11 +626,7 @@ tefl_status* AnyBwd(const tefl_call_frame* f, void*) { return Backward(f); }
 }  // namespace
 
 tefl_status* RegisterPortableSoftmax(const tefl_registrar& registrar) {
-  struct Entry {
-    const char* op;
-    tefl_kernel_fn fn;
-  };
-  static constexpr Entry kEntries[] = {
+  static constexpr KernelEntry kEntries[] = {
       {"scaled_softmax_forward", PlainFwd},
       {"scaled_softmax_backward", AnyBwd},
       {"scaled_masked_softmax_forward", MaskedFwd},
@@ -640,21 +636,7 @@ tefl_status* RegisterPortableSoftmax(const tefl_registrar& registrar) {
       {"scaled_aligned_causal_masked_softmax_forward", CausalFwd},
       {"scaled_aligned_causal_masked_softmax_backward", AnyBwd},
   };
-  for (const Entry& e : kEntries) {
-    tefl_impl_desc desc{};
-    desc.struct_size = TEFL_IMPL_DESC_STRUCT_SIZE;
-    desc.op_name = e.op;
-    desc.impl_id = "default.portable";
-    desc.kind = TEFL_KIND_DEFAULT;
-    desc.priority = 0;
-    desc.vendor = nullptr;
-    desc.device_mask = TEFL_DEVICE_BIT(kDLCPU);
-    desc.kernel = e.fn;
-    desc.supports = nullptr;
-    desc.user_data = nullptr;
-    if (tefl_status* s = registrar.register_impl(registrar.ctx, &desc)) return s;
-  }
-  return nullptr;
+  return RegisterCpuKernels(registrar, "default.portable", TEFL_KIND_DEFAULT, kEntries);
 }
 
 }  // namespace tefl::backends

@@ -221,11 +221,7 @@ tefl_status* Kernel(const tefl_call_frame* f, void*) {
 }  // namespace
 
 tefl_status* RegisterReferenceActivation(const tefl_registrar& registrar) {
-  struct Entry {
-    const char* op;
-    tefl_kernel_fn kernel;
-  };
-  static constexpr Entry kEntries[] = {
+  static constexpr KernelEntry kEntries[] = {
       {"gelu", Kernel<Kind::kFwd, Gelu>},
       {"qgelu", Kernel<Kind::kFwd, QGelu>},
       {"relu", Kernel<Kind::kFwd, Relu>},
@@ -256,20 +252,7 @@ tefl_status* RegisterReferenceActivation(const tefl_registrar& registrar) {
       {"dbias_dqgelu", Kernel<Kind::kDbias, QGelu>},
       {"dbias_dsrelu", Kernel<Kind::kDbias, Srelu>},
   };
-  for (const Entry& e : kEntries) {
-    const tefl_impl_desc desc = {TEFL_IMPL_DESC_STRUCT_SIZE,
-                                 e.op,
-                                 "reference.cpp",
-                                 TEFL_KIND_REFERENCE,
-                                 0,
-                                 nullptr,
-                                 TEFL_DEVICE_BIT(kDLCPU),
-                                 e.kernel,
-                                 nullptr,
-                                 nullptr};
-    if (tefl_status* s = registrar.register_impl(registrar.ctx, &desc)) return s;
-  }
-  return nullptr;
+  return RegisterCpuKernels(registrar, "reference.cpp", TEFL_KIND_REFERENCE, kEntries);
 }
 
 }  // namespace tefl::backends

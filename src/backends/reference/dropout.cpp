@@ -56,25 +56,8 @@ tefl_status* Bwd(const tefl_call_frame* f, void*) {
 }  // namespace
 
 tefl_status* RegisterReferenceDropout(const tefl_registrar& registrar) {
-  struct Entry {
-    const char* op;
-    tefl_kernel_fn kernel;
-  };
-  static constexpr Entry kEntries[] = {{"dropout_fwd", Fwd}, {"dropout_bwd", Bwd}};
-  for (const Entry& e : kEntries) {
-    const tefl_impl_desc desc = {TEFL_IMPL_DESC_STRUCT_SIZE,
-                                 e.op,
-                                 "reference.cpp",
-                                 TEFL_KIND_REFERENCE,
-                                 0,
-                                 nullptr,
-                                 TEFL_DEVICE_BIT(kDLCPU),
-                                 e.kernel,
-                                 nullptr,
-                                 nullptr};
-    if (tefl_status* s = registrar.register_impl(registrar.ctx, &desc)) return s;
-  }
-  return nullptr;
+  static constexpr KernelEntry kEntries[] = {{"dropout_fwd", Fwd}, {"dropout_bwd", Bwd}};
+  return RegisterCpuKernels(registrar, "reference.cpp", TEFL_KIND_REFERENCE, kEntries);
 }
 
 }  // namespace tefl::backends

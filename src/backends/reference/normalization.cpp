@@ -148,28 +148,11 @@ tefl_status* RmsNormBwdAdd(const tefl_call_frame* f, void*) {
 }  // namespace
 
 tefl_status* RegisterReferenceNormalization(const tefl_registrar& registrar) {
-  struct Entry {
-    const char* op;
-    tefl_kernel_fn kernel;
-  };
-  static constexpr Entry kEntries[] = {
+  static constexpr KernelEntry kEntries[] = {
       {"layernorm_fwd", LayerNormFwd}, {"layernorm_bwd", LayerNormBwd},    {"rmsnorm_fwd", RmsNormFwd},
       {"rmsnorm_bwd", RmsNormBwd},     {"rmsnorm_bwd_add", RmsNormBwdAdd},
   };
-  for (const Entry& e : kEntries) {
-    const tefl_impl_desc desc = {TEFL_IMPL_DESC_STRUCT_SIZE,
-                                 e.op,
-                                 "reference.cpp",
-                                 TEFL_KIND_REFERENCE,
-                                 0,
-                                 nullptr,
-                                 TEFL_DEVICE_BIT(kDLCPU),
-                                 e.kernel,
-                                 nullptr,
-                                 nullptr};
-    if (tefl_status* s = registrar.register_impl(registrar.ctx, &desc)) return s;
-  }
-  return nullptr;
+  return RegisterCpuKernels(registrar, "reference.cpp", TEFL_KIND_REFERENCE, kEntries);
 }
 
 }  // namespace tefl::backends

@@ -206,30 +206,13 @@ tefl_status* QkvRopeBwd(const tefl_call_frame* f, void*) { return QkvRope(f, tru
 }  // namespace
 
 tefl_status* RegisterReferenceRope(const tefl_registrar& registrar) {
-  struct Entry {
-    const char* op;
-    tefl_kernel_fn kernel;
-  };
-  static constexpr Entry kEntries[] = {
+  static constexpr KernelEntry kEntries[] = {
       {"fused_rope_forward", RopeFwd},
       {"fused_rope_backward", RopeBwd},
       {"fused_qkv_rope_forward", QkvRopeFwd},
       {"fused_qkv_rope_backward", QkvRopeBwd},
   };
-  for (const Entry& e : kEntries) {
-    const tefl_impl_desc desc = {TEFL_IMPL_DESC_STRUCT_SIZE,
-                                 e.op,
-                                 "reference.cpp",
-                                 TEFL_KIND_REFERENCE,
-                                 0,
-                                 nullptr,
-                                 TEFL_DEVICE_BIT(kDLCPU),
-                                 e.kernel,
-                                 nullptr,
-                                 nullptr};
-    if (tefl_status* s = registrar.register_impl(registrar.ctx, &desc)) return s;
-  }
-  return nullptr;
+  return RegisterCpuKernels(registrar, "reference.cpp", TEFL_KIND_REFERENCE, kEntries);
 }
 
 }  // namespace tefl::backends

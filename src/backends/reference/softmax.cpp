@@ -129,11 +129,7 @@ tefl_status* AnyBwd(const tefl_call_frame* f, void*) { return Backward(f); }
 }  // namespace
 
 tefl_status* RegisterReferenceSoftmax(const tefl_registrar& registrar) {
-  struct Entry {
-    const char* op;
-    tefl_kernel_fn kernel;
-  };
-  static constexpr Entry kEntries[] = {
+  static constexpr KernelEntry kEntries[] = {
       {"scaled_softmax_forward", PlainFwd},
       {"scaled_softmax_backward", AnyBwd},
       {"scaled_masked_softmax_forward", MaskedFwd},
@@ -143,20 +139,7 @@ tefl_status* RegisterReferenceSoftmax(const tefl_registrar& registrar) {
       {"scaled_aligned_causal_masked_softmax_forward", CausalFwd},
       {"scaled_aligned_causal_masked_softmax_backward", AnyBwd},
   };
-  for (const Entry& e : kEntries) {
-    const tefl_impl_desc desc = {TEFL_IMPL_DESC_STRUCT_SIZE,
-                                 e.op,
-                                 "reference.cpp",
-                                 TEFL_KIND_REFERENCE,
-                                 0,
-                                 nullptr,
-                                 TEFL_DEVICE_BIT(kDLCPU),
-                                 e.kernel,
-                                 nullptr,
-                                 nullptr};
-    if (tefl_status* s = registrar.register_impl(registrar.ctx, &desc)) return s;
-  }
-  return nullptr;
+  return RegisterCpuKernels(registrar, "reference.cpp", TEFL_KIND_REFERENCE, kEntries);
 }
 
 }  // namespace tefl::backends
