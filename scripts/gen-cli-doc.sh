@@ -112,5 +112,10 @@ softmax is tefl's causal `scaled_upper_triang_masked_softmax`.
 MD
   run "tefl demo" $tefl demo
   run "TE_FL_PREFER=reference tefl demo --seq 64" TE_FL_PREFER=reference $tefl demo --seq 64
+  echo
+  echo "With a plugin loaded and \`TE_FL_PREFER=vendor\`, the vendor's implementations appear in the table"
+  echo "(the test plugin serves float32 \`rmsnorm_fwd\`):"
+  run "TE_FL_PREFER=vendor tefl demo --seq 64 --plugin tests/plugins/libtefl_plugin_testgood.so" \
+    TE_FL_PREFER=vendor $tefl demo --seq 64 --plugin "$plugins/libtefl_plugin_testgood.so"
 } >"$out"
 echo "wrote $out"

@@ -249,6 +249,17 @@ TEST(Cli, DemoReferenceHasZeroErrorDefaultWithinTolerance) {
         "scaled_upper_triang_masked_softmax_backward", "fused_rope_backward", "rmsnorm_bwd_add"})
     EXPECT_TRUE(ops.count(op)) << op;
   EXPECT_GT(j["tokens_per_second"].get<double>(), 0);
+  // With a plugin loaded and TE_FL_PREFER=vendor the table shows the vendor's
+  // implementation (testgood serves fp32 rmsnorm_fwd).
+  j = Tefl(size + " --plugin " + Plugin("testgood"), "TE_FL_PREFER=vendor").Json();
+  bool saw = false;
+  for (const auto& op : j["ops"]) {
+    if (op["op"] != "rmsnorm_fwd") continue;
+    saw = true;
+    EXPECT_EQ(op["implementation"], "vendor.testgood") << op.dump();
+    EXPECT_LE(op["max_abs_error"].get<double>(), 1e-5) << op.dump();
+  }
+  EXPECT_TRUE(saw);
 }
 
 }  // namespace
