@@ -31,6 +31,9 @@ using tefl::testing::Compare;
 using tefl::testing::CompareResult;
 using tefl::testing::CpuImplementations;
 using tefl::testing::MustServe;
+using tefl::testing::Named;
+using tefl::testing::NamedTensor;
+using tefl::testing::Ptrs;
 using tefl::testing::RunImpl;
 using tefl::testing::RunImplDL;
 using tefl::testing::Tensor;
@@ -96,11 +99,6 @@ bool Gated(Kind k) { return k == Kind::kGatedFwd || k == Kind::kGatedBwd; }
 bool HasGrad(Kind k) { return k == Kind::kBwd || k == Kind::kGatedBwd || k == Kind::kDbias; }
 
 // ---- One call's tensors -------------------------------------------------------------------
-struct NamedTensor {
-  std::string name;
-  Tensor t;
-};
-
 // dtypes of one case: x (fwd_input), g (grad), y (output / dinput), db (dbias).
 struct Combo {
   DType x, g, y, db;
@@ -118,25 +116,9 @@ struct Problem {
   bool default_attrs = false;  // pass NULL attrs (clamped ops)
 
   const void* attrs() const { return op.clamped && !default_attrs ? &clamp : nullptr; }
-  Tensor& In(const std::string& name) {
-    for (NamedTensor& n : in)
-      if (n.name == name) return n.t;
-    ADD_FAILURE() << "no input " << name;
-    return in[0].t;
-  }
-  Tensor& Out(const std::string& name) {
-    for (NamedTensor& n : out)
-      if (n.name == name) return n.t;
-    ADD_FAILURE() << "no output " << name;
-    return out[0].t;
-  }
+  Tensor& In(const std::string& name) { return Named(in, name, "input"); }
+  Tensor& Out(const std::string& name) { return Named(out, name, "output"); }
 };
-
-std::vector<Tensor*> Ptrs(std::vector<NamedTensor>& v) {
-  std::vector<Tensor*> p;
-  for (NamedTensor& n : v) p.push_back(&n.t);
-  return p;
-}
 
 Tensor Output(DType t, std::vector<int64_t> shape) {
   Tensor o(t, std::move(shape));

@@ -37,6 +37,9 @@ constexpr double kSentinel = -31337.0;  // outputs start as this
 constexpr float kEps = 1e-5f;
 using tefl::testing::CpuImplementations;
 using tefl::testing::MustServe;
+using tefl::testing::Named;
+using tefl::testing::NamedTensor;
+using tefl::testing::Ptrs;
 using tefl::testing::RunImpl;
 using tefl::testing::RunImplDL;
 
@@ -44,11 +47,6 @@ bool IsFwd(const std::string& op) { return op == "layernorm_fwd" || op == "rmsno
 bool IsLayerNorm(const std::string& op) { return op.rfind("layernorm", 0) == 0; }
 
 // ---- One call's tensors ---------------------------------------------------------------
-struct NamedTensor {
-  std::string name;
-  Tensor t;
-};
-
 struct Problem {
   std::string op;
   std::vector<NamedTensor> in, out;
@@ -58,25 +56,9 @@ struct Problem {
   const void* attrs() const {
     return IsFwd(op) ? static_cast<const void*>(&fwd_attrs) : static_cast<const void*>(&bwd_attrs);
   }
-  Tensor& In(const std::string& name) {
-    for (NamedTensor& n : in)
-      if (n.name == name) return n.t;
-    ADD_FAILURE() << "no input " << name;
-    return in[0].t;
-  }
-  Tensor& Out(const std::string& name) {
-    for (NamedTensor& n : out)
-      if (n.name == name) return n.t;
-    ADD_FAILURE() << "no output " << name;
-    return out[0].t;
-  }
+  Tensor& In(const std::string& name) { return Named(in, name, "input"); }
+  Tensor& Out(const std::string& name) { return Named(out, name, "output"); }
 };
-
-std::vector<Tensor*> Ptrs(std::vector<NamedTensor>& v) {
-  std::vector<Tensor*> p;
-  for (NamedTensor& n : v) p.push_back(&n.t);
-  return p;
-}
 
 // Tolerance of an output (spec/ops.md): z by its dtype; statistics rtol 5e-5;
 // backward outputs atol = rtol = 5e-4, never tighter than TE's dtype rule.

@@ -1,6 +1,7 @@
 #include "test_support.h"
 
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
@@ -86,6 +87,19 @@ std::vector<std::string> CpuImplementations(const std::string& op) {
   for (const OpImpl& impl : mgr.registry().GetImplementations(op))
     if (impl.device_mask & TEFL_DEVICE_BIT(kDLCPU)) ids.push_back(impl.impl_id);
   return ids;
+}
+
+Tensor& Named(std::vector<NamedTensor>& v, const std::string& name, const char* what) {
+  for (NamedTensor& n : v)
+    if (n.name == name) return n.t;
+  ADD_FAILURE() << "no " << what << " " << name;
+  return v[0].t;
+}
+
+std::vector<Tensor*> Ptrs(std::vector<NamedTensor>& v) {
+  std::vector<Tensor*> p;
+  for (NamedTensor& n : v) p.push_back(&n.t);
+  return p;
 }
 
 }  // namespace tefl::testing

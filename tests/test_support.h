@@ -36,6 +36,16 @@ class LogCapture {
   int previous_level_;
 };
 
+// A call's tensors by argument name (conformance suites).
+struct NamedTensor {
+  std::string name;
+  Tensor t;
+};
+// The tensor called `name` (a test failure naming `what` and the first
+// tensor when there is none).
+Tensor& Named(std::vector<NamedTensor>& v, const std::string& name, const char* what);
+std::vector<Tensor*> Ptrs(std::vector<NamedTensor>& v);
+
 // An environment lookup over a fixed map (for policy parsing tests).
 SelectionPolicy::EnvLookup EnvFrom(std::vector<std::pair<std::string, std::string>> vars);
 

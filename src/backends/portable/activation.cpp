@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "backends/backends.h"
+#include "backends/kernel_support.h"
 #include "core/dtype.h"
 #include "tefl/ops.h"
 #include "tefl/tefl.h"
@@ -88,8 +89,6 @@ struct Job {
   float* acc;
   double* partial;
 };
-
-inline size_t ElemSize(DType t) { return t == DType::kF32 ? 4 : 2; }
 
 }  // namespace
 }  // namespace tefl::backends
@@ -708,19 +707,8 @@ namespace {
 // and streaming saves the read-for-ownership of every line).
 constexpr int64_t kStreamMinBytes = int64_t(32) << 20;
 
-bool IsFloat(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
-
-int64_t Rows(const DLTensor* x) {
-  int64_t n = 1;
-  for (int d = 0; d + 1 < x->ndim; ++d) n *= x->shape[d];
-  return n;
-}
-
-// No allocation here: also used from catch blocks (nothing may escape).
 tefl_status* Status(const tefl_call_frame* f, int32_t code, const char* what) noexcept {
-  char msg[256];
-  std::snprintf(msg, sizeof(msg), "%s (default.portable): %s", f->op_name ? f->op_name : "activation", what);
-  return f->host->status_new(code, msg);
+  return KernelStatus(f, "default.portable", "activation", code, what);
 }
 
 void Body(void* ctx, int64_t begin, int64_t end) {
@@ -746,7 +734,7 @@ tefl_status* Kernel(const tefl_call_frame* f, void*) {
     j.tg = g ? DTypeOf(g->dtype) : j.tx;
     j.ty = DTypeOf(y->dtype);
     const DType tdb = dbias ? DTypeOf(dbias->dtype) : DType::kF32;
-    if (!IsFloat(j.tx) || !IsFloat(j.tg) || !IsFloat(j.ty) || !IsFloat(tdb))
+    if (!IsFloatType(j.tx) || !IsFloatType(j.tg) || !IsFloatType(j.ty) || !IsFloatType(tdb))
       return Status(f, TEFL_UNSUPPORTED, "dtypes other than fp32/fp16/bf16");
     j.fast = j.tx == j.tg && j.tx == j.ty && j.tx != DType::kF16;
     j.fast_t = j.tx;
@@ -754,7 +742,7 @@ tefl_status* Kernel(const tefl_call_frame* f, void*) {
     j.g = g ? DataPtr(g) : nullptr;
     j.y = DataPtr(y);
     const int64_t last = x->shape[x->ndim - 1];
-    j.rows = Rows(x);
+    j.rows = LeadingRows(x);
     j.h = kGated ? last / 2 : last;
     j.n = j.rows * last;
     if (kAct == Act::kClamped) {
@@ -765,7 +753,7 @@ tefl_status* Kernel(const tefl_call_frame* f, void*) {
 
     // Streaming needs every output span (block, row or half row) to start
     // 64-byte aligned.
-    const int64_t esz = int64_t(ElemSize(j.ty));
+    const int64_t esz = int64_t(FloatElemSize(j.ty));
     const int64_t out_bytes = NumElements(y) * esz;
     const int64_t span_bytes = kGated || kKind == Kind::kDbias ? j.h * esz : kBlock * esz;
     j.stream =

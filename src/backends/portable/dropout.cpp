@@ -33,6 +33,7 @@
 #include <type_traits>
 
 #include "backends/backends.h"
+#include "backends/kernel_support.h"
 #include "backends/philox.h"
 #include "core/dtype.h"
 #include "tefl/ops.h"
@@ -246,12 +247,8 @@ HWY_EXPORT(DropoutRange);
 
 namespace {
 
-bool IsFloat(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
-
 tefl_status* Status(const tefl_call_frame* f, int32_t code, const char* what) noexcept {
-  char msg[256];
-  std::snprintf(msg, sizeof(msg), "%s (default.portable): %s", f->op_name ? f->op_name : "dropout", what);
-  return f->host->status_new(code, msg);
+  return KernelStatus(f, "default.portable", "dropout", code, what);
 }
 
 void Body(void* ctx, int64_t begin, int64_t end) {
@@ -270,7 +267,7 @@ tefl_status* Run(const tefl_call_frame* f, bool fwd) {
     a.generate = fwd;
     a.tx = DTypeOf(x->dtype);
     a.ty = DTypeOf(y->dtype);
-    if (!IsFloat(a.tx) || !IsFloat(a.ty) || DTypeOf(m->dtype) != DType::kU8)
+    if (!IsFloatType(a.tx) || !IsFloatType(a.ty) || DTypeOf(m->dtype) != DType::kU8)
       return Status(f, TEFL_UNSUPPORTED, "dtypes other than fp32/fp16/bf16 data and a uint8 mask");
     if (!(attrs.p >= 0.0f && attrs.p < 1.0f)) return Status(f, TEFL_INVALID_ARGUMENT, "p must be in [0, 1)");
     a.n = NumElements(x);

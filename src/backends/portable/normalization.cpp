@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "backends/backends.h"
+#include "backends/kernel_support.h"
 #include "core/dtype.h"
 #include "tefl/ops.h"
 #include "tefl/tefl.h"
@@ -77,8 +78,6 @@ struct BwdArgs {
   const float* g;
   void* dx;
 };
-
-inline size_t ElemSize(DType t) { return t == DType::kF32 ? 4 : 2; }
 
 }  // namespace
 }  // namespace tefl::backends
@@ -502,8 +501,6 @@ namespace {
 // ~1.6x faster on Zen 4).
 constexpr int64_t kStreamMinBytes = int64_t(32) << 20;
 
-bool IsFloat(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
-
 // A gamma/beta vector of n elements as fp32, plus one when plus_one.
 template <class Load>
 void ConvertVector(Load load, int64_t n, bool plus_one, float* dst) {
@@ -526,18 +523,8 @@ void VectorToF32(const DLTensor* t, int64_t n, bool plus_one, float* dst) {
   }
 }
 
-// Rows of x = product of all but the last dim.
-int64_t Rows(const DLTensor* x) {
-  int64_t n = 1;
-  for (int d = 0; d + 1 < x->ndim; ++d) n *= x->shape[d];
-  return n;
-}
-
-// No allocation here: also used from catch blocks (nothing may escape).
 tefl_status* Status(const tefl_call_frame* f, int32_t code, const char* what) noexcept {
-  char msg[256];
-  std::snprintf(msg, sizeof(msg), "%s (default.portable): %s", f->op_name ? f->op_name : "norm", what);
-  return f->host->status_new(code, msg);
+  return KernelStatus(f, "default.portable", "norm", code, what);
 }
 
 void FwdBody(void* ctx, int64_t begin, int64_t end) {
@@ -556,11 +543,11 @@ tefl_status* NormFwd(const tefl_call_frame* f, bool layernorm) {
 
     const DType tx = DTypeOf(x->dtype), tz = DTypeOf(z->dtype), tg = DTypeOf(gamma->dtype);
     const DType tb = beta ? DTypeOf(beta->dtype) : DType::kF32;
-    if (!IsFloat(tx) || !IsFloat(tz) || !IsFloat(tg) || !IsFloat(tb))
+    if (!IsFloatType(tx) || !IsFloatType(tz) || !IsFloatType(tg) || !IsFloatType(tb))
       return Status(f, TEFL_UNSUPPORTED, "dtypes other than fp32/fp16/bf16");
 
     const int64_t h = x->shape[x->ndim - 1];
-    const int64_t rows = Rows(x);
+    const int64_t rows = LeadingRows(x);
     if (rows == 0) return nullptr;
 
     // gamma (+1) and beta as fp32, once per call.
@@ -582,7 +569,7 @@ tefl_status* NormFwd(const tefl_call_frame* f, bool layernorm) {
     a.rsigma = static_cast<float*>(DataPtr(rsigma));
     // Streaming needs every row start aligned to the widest vector (64 bytes
     // covers every x86 target), which also makes h a multiple of the lanes.
-    const int64_t row_bytes = h * int64_t(ElemSize(tz));
+    const int64_t row_bytes = h * int64_t(FloatElemSize(tz));
     a.stream = rows * row_bytes >= kStreamMinBytes && row_bytes % 64 == 0 && reinterpret_cast<uintptr_t>(a.z) % 64 == 0;
 
     // Chunks of at least ~64 KiB of x keep the fork-join overhead small.
@@ -637,12 +624,12 @@ tefl_status* NormBwd(const tefl_call_frame* f, int kind) {
     const DType tdx = DTypeOf(dx->dtype), tdg = DTypeOf(dgamma->dtype);
     const DType tadd = add ? DTypeOf(add->dtype) : DType::kF32;
     const DType tdb = dbeta ? DTypeOf(dbeta->dtype) : DType::kF32;
-    if (!IsFloat(tdz) || !IsFloat(tx) || !IsFloat(tg) || !IsFloat(tdx) || !IsFloat(tdg) || !IsFloat(tadd) ||
-        !IsFloat(tdb))
+    if (!IsFloatType(tdz) || !IsFloatType(tx) || !IsFloatType(tg) || !IsFloatType(tdx) || !IsFloatType(tdg) ||
+        !IsFloatType(tadd) || !IsFloatType(tdb))
       return Status(f, TEFL_UNSUPPORTED, "dtypes other than fp32/fp16/bf16");
 
     const int64_t h = x->shape[x->ndim - 1];
-    const int64_t rows = Rows(x);
+    const int64_t rows = LeadingRows(x);
     const size_t hs = size_t(h);
     const size_t ncols = dbeta ? 2 : 1;
     // Fixed blocks: the partition depends only on (rows, num_threads).

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "backends/backends.h"
+#include "backends/kernel_support.h"
 #include "core/dtype.h"
 #include "core/rope_positions.h"
 #include "tefl/ops.h"
@@ -77,8 +78,6 @@ struct RopePlan {
   int njobs;
   int ntables;
 };
-
-inline size_t ElemSize(DType t) { return t == DType::kF32 ? 4 : 2; }
 
 }  // namespace
 }  // namespace tefl::backends
@@ -366,11 +365,8 @@ namespace {
 // normalization.cpp: an output this large is evicted before it is read).
 constexpr int64_t kStreamMinBytes = int64_t(32) << 20;
 
-// No allocation here: also used from catch blocks (nothing may escape).
 tefl_status* Status(const tefl_call_frame* f, int32_t code, const char* what) noexcept {
-  char msg[256];
-  std::snprintf(msg, sizeof(msg), "%s (default.portable): %s", f->op_name ? f->op_name : "rope", what);
-  return f->host->status_new(code, msg);
+  return KernelStatus(f, "default.portable", "rope", code, what);
 }
 
 int64_t StrideOf(const DLTensor* t, int d) {
@@ -384,12 +380,10 @@ int64_t IntAt(const DLTensor* t, int64_t i) {
   return static_cast<const int32_t*>(DataPtr(t))[i * (t->strides ? t->strides[0] : 1)];
 }
 
-bool IsFloat(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
-
 // Whether every vector store of `job` can be non-temporal: channel stride 1,
 // every head start and both rotate-half segments 64-byte aligned.
 bool StreamAligned(const RopePlan& p, const RopeJob& j) {
-  const int64_t e = int64_t(ElemSize(p.dt));
+  const int64_t e = int64_t(FloatElemSize(p.dt));
   if (j.out_sd != 1 || reinterpret_cast<uintptr_t>(j.out) % 64 != 0) return false;
   for (int64_t s : {j.out_ss, j.out_sb, j.out_sg, j.out_sj})
     if ((s * e) % 64 != 0) return false;
@@ -398,7 +392,7 @@ bool StreamAligned(const RopePlan& p, const RopeJob& j) {
 
 // Streaming for calls writing at least kStreamMinBytes, when every job can.
 bool ShouldStream(const RopePlan& p, const DLTensor* written) {
-  int64_t bytes = int64_t(ElemSize(p.dt));
+  int64_t bytes = int64_t(FloatElemSize(p.dt));
   for (int k = 0; k < written->ndim; ++k) bytes *= written->shape[k];
   if (bytes < kStreamMinBytes) return false;
   for (int k = 0; k < p.njobs; ++k)
@@ -428,7 +422,7 @@ void Run(const tefl_call_frame* f, const RopePlan& p) {
   if (p.rows == 0) return;
   int64_t row_elems = 0;
   for (int k = 0; k < p.njobs; ++k) row_elems += p.jobs[k].groups * p.jobs[k].heads * p.d;
-  const int64_t row_bytes = std::max<int64_t>(1, row_elems * int64_t(ElemSize(p.dt)));
+  const int64_t row_bytes = std::max<int64_t>(1, row_elems * int64_t(FloatElemSize(p.dt)));
   const int64_t rows_per_block = std::max<int64_t>(1, (int64_t(64) << 10) / row_bytes);
   const int64_t threads = std::max<int64_t>(1, f->host->num_threads());
   const int64_t blocks =
@@ -473,7 +467,8 @@ tefl_status* RopeKernel(const tefl_call_frame* f, bool backward) {
     const DLTensor* cu = f->inputs[3];
     const DLTensor* y = f->outputs[0];
     const DType dt = DTypeOf(x->dtype);
-    if (!IsFloat(dt) || DTypeOf(y->dtype) != dt) return Status(f, TEFL_UNSUPPORTED, "dtypes other than fp32/fp16/bf16");
+    if (!IsFloatType(dt) || DTypeOf(y->dtype) != dt)
+      return Status(f, TEFL_UNSUPPORTED, "dtypes other than fp32/fp16/bf16");
 
     RopePlan p = BasePlan(dt, attrs->interleaved != 0, backward, attrs->cp_size, attrs->cp_rank);
     p.thd = attrs->qkv_format == TEFL_QKV_THD;
@@ -541,7 +536,7 @@ tefl_status* QkvKernel(const tefl_call_frame* f, bool backward) {
     const DLTensor* start = f->inputs[backward ? 5 : 3];
     const DType dt = DTypeOf(packed->dtype);
     for (const DLTensor* t : parts)
-      if (!IsFloat(dt) || DTypeOf(t->dtype) != dt)
+      if (!IsFloatType(dt) || DTypeOf(t->dtype) != dt)
         return Status(f, TEFL_UNSUPPORTED, "dtypes other than fp32/fp16/bf16");
 
     RopePlan p = BasePlan(dt, attrs->interleaved != 0, backward, attrs->cp_size, attrs->cp_rank);
@@ -558,7 +553,7 @@ tefl_status* QkvKernel(const tefl_call_frame* f, bool backward) {
     p.start = start ? offsets.data() : nullptr;
     const int64_t splits[3] = {attrs->q_split, attrs->k_split, attrs->v_split};
     const int64_t h = packed->shape[2];
-    const int64_t e = int64_t(ElemSize(dt));
+    const int64_t e = int64_t(FloatElemSize(dt));
     int64_t channel0 = 0;
     for (int k = 0; k < 3; ++k) {
       const DLTensor* part = parts[k];

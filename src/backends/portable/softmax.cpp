@@ -45,6 +45,7 @@
 #include <type_traits>
 
 #include "backends/backends.h"
+#include "backends/kernel_support.h"
 #include "core/dtype.h"
 #include "tefl/ops.h"
 #include "tefl/tefl.h"
@@ -91,8 +92,6 @@ inline int64_t KeptColumns(const SmFwdArgs& a, int64_t r) {
       return a.sk;
   }
 }
-
-inline size_t SmElemSize(DType t) { return t == DType::kF32 ? 4 : 2; }
 
 }  // namespace
 }  // namespace tefl::backends
@@ -492,22 +491,12 @@ constexpr int64_t kStreamMinBytes = int64_t(32) << 20;
 // Scratch row: sk rounded up to the widest vector (16 floats) and then some.
 size_t ScratchFloats(int64_t sk) { return (size_t(sk) + 15) / 16 * 16 + 16; }
 
-bool IsFloat(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
-
 tefl_status* Status(const tefl_call_frame* f, int32_t code, const char* what) noexcept {
-  char msg[256];
-  std::snprintf(msg, sizeof(msg), "%s (default.portable): %s", f->op_name ? f->op_name : "softmax", what);
-  return f->host->status_new(code, msg);
-}
-
-int64_t Rows(const DLTensor* x) {
-  int64_t n = 1;
-  for (int d = 0; d + 1 < x->ndim; ++d) n *= x->shape[d];
-  return n;
+  return KernelStatus(f, "default.portable", "softmax", code, what);
 }
 
 bool StreamOk(void* out, int64_t rows, int64_t sk, DType t) {
-  const int64_t row_bytes = sk * int64_t(SmElemSize(t));
+  const int64_t row_bytes = sk * int64_t(FloatElemSize(t));
   return rows * row_bytes >= kStreamMinBytes && row_bytes % 64 == 0 && reinterpret_cast<uintptr_t>(out) % 64 == 0;
 }
 
@@ -553,9 +542,9 @@ tefl_status* Forward(const tefl_call_frame* f, int kind) {
     const DLTensor* x = f->inputs[0];
     DLTensor* y = f->outputs[0];
     const DType tx = DTypeOf(x->dtype), ty = DTypeOf(y->dtype);
-    if (!IsFloat(tx) || !IsFloat(ty)) return Status(f, TEFL_UNSUPPORTED, "dtypes other than fp32/fp16/bf16");
+    if (!IsFloatType(tx) || !IsFloatType(ty)) return Status(f, TEFL_UNSUPPORTED, "dtypes other than fp32/fp16/bf16");
     const int nd = x->ndim;
-    const int64_t rows = Rows(x);
+    const int64_t rows = LeadingRows(x);
     const int64_t sk = x->shape[nd - 1];
     if (rows == 0 || sk == 0) return nullptr;
     SmFwdArgs a{};
@@ -595,9 +584,9 @@ tefl_status* Backward(const tefl_call_frame* f) {
     a.tdy = DTypeOf(dy->dtype);
     a.ty = DTypeOf(y->dtype);
     a.tdx = DTypeOf(dx->dtype);
-    if (!IsFloat(a.tdy) || !IsFloat(a.ty) || !IsFloat(a.tdx))
+    if (!IsFloatType(a.tdy) || !IsFloatType(a.ty) || !IsFloatType(a.tdx))
       return Status(f, TEFL_UNSUPPORTED, "dtypes other than fp32/fp16/bf16");
-    const int64_t rows = Rows(dy);
+    const int64_t rows = LeadingRows(dy);
     a.sk = dy->shape[dy->ndim - 1];
     if (rows == 0 || a.sk == 0) return nullptr;
     a.scale = static_cast<const tefl_softmax_attrs*>(f->attrs)->scale;

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "backends/backends.h"
+#include "backends/kernel_support.h"
 #include "core/dtype.h"
 #include "tefl/ops.h"
 
@@ -98,15 +99,6 @@ struct ClampedSilu {
   double Gate(double b) const { return (b < -limit ? -limit : b > limit ? limit : b) + 1.0; }
   bool GatePasses(double b) const { return !(b < -limit || b > limit); }
 };
-
-// ---- Tensors ---------------------------------------------------------------------
-struct Matrix {
-  void* data;
-  DType dtype;
-  double at(int64_t i) const { return LoadAsFloat(data, i, dtype); }
-  void set(int64_t i, double v) const { StoreFromDouble(data, i, dtype, v); }
-};
-Matrix View(const DLTensor* t) { return Matrix{DataPtr(t), DTypeOf(t->dtype)}; }
 
 // Rows = product of all dims but the last; cols = the last dim.
 void RowsCols(const DLTensor* x, int64_t* rows, int64_t* cols) {

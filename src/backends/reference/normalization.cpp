@@ -7,21 +7,12 @@
 #include <vector>
 
 #include "backends/backends.h"
+#include "backends/kernel_support.h"
 #include "core/dtype.h"
 #include "tefl/ops.h"
 
 namespace tefl::backends {
 namespace {
-
-// A row-major [rows, cols] view of a tensor of any float dtype.
-struct Matrix {
-  void* data;
-  DType dtype;
-  double at(int64_t i) const { return LoadAsFloat(data, i, dtype); }
-  void set(int64_t i, double v) const { StoreFromDouble(data, i, dtype, v); }
-};
-
-Matrix View(const DLTensor* t) { return Matrix{DataPtr(t), DTypeOf(t->dtype)}; }
 
 // H = last dim of x; N = product of the others.
 void RowsCols(const DLTensor* x, int64_t* rows, int64_t* cols) {

@@ -25,20 +25,12 @@
 #include <vector>
 
 #include "backends/backends.h"
+#include "backends/kernel_support.h"
 #include "core/dtype.h"
 #include "tefl/ops.h"
 
 namespace tefl::backends {
 namespace {
-
-struct Matrix {
-  void* data;
-  DType dtype;
-  double at(int64_t i) const { return LoadAsFloat(data, i, dtype); }
-  void set(int64_t i, double v) const { StoreFromDouble(data, i, dtype, v); }
-};
-
-Matrix View(const DLTensor* t) { return Matrix{DataPtr(t), DTypeOf(t->dtype)}; }
 
 enum class Kind { kPlain, kMasked, kUpperTriang, kAlignedCausal };
 

@@ -1,0 +1,48 @@
+// Small helpers every in-tree backend file shares (reference and portable):
+// element views of float tensors, row counts, dtype tests, and the error
+// status a kernel returns.
+#ifndef TEFL_SRC_BACKENDS_KERNEL_SUPPORT_H_
+#define TEFL_SRC_BACKENDS_KERNEL_SUPPORT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+
+#include "core/dtype.h"
+#include "tefl/tefl.h"
+
+namespace tefl::backends {
+
+// A flat element view of a tensor of any float dtype (reference kernels:
+// every element read as double, each output rounded once).
+struct Matrix {
+  void* data;
+  DType dtype;
+  double at(int64_t i) const { return LoadAsFloat(data, i, dtype); }
+  void set(int64_t i, double v) const { StoreFromDouble(data, i, dtype, v); }
+};
+inline Matrix View(const DLTensor* t) { return Matrix{DataPtr(t), DTypeOf(t->dtype)}; }
+
+// N = the product of every dim but the last.
+inline int64_t LeadingRows(const DLTensor* x) {
+  int64_t n = 1;
+  for (int d = 0; d + 1 < x->ndim; ++d) n *= x->shape[d];
+  return n;
+}
+
+inline bool IsFloatType(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+// Bytes of one element of a float type (fp32 4, fp16/bf16 2).
+inline size_t FloatElemSize(DType t) { return t == DType::kF32 ? 4 : 2; }
+
+// "<op> (<impl>): <what>" as a host status. No allocation: kernels call it
+// from catch blocks too (nothing may escape a kernel).
+inline tefl_status* KernelStatus(const tefl_call_frame* f, const char* impl, const char* family, int32_t code,
+                                 const char* what) noexcept {
+  char msg[256];
+  std::snprintf(msg, sizeof(msg), "%s (%s): %s", f->op_name ? f->op_name : family, impl, what);
+  return f->host->status_new(code, msg);
+}
+
+}  // namespace tefl::backends
+
+#endif  // TEFL_SRC_BACKENDS_KERNEL_SUPPORT_H_
