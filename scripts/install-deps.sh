@@ -7,7 +7,7 @@ missing=()
 need() {  # need PACKAGE: queue it unless dpkg has it installed
   dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed" || missing+=("$1")
 }
-for p in g++ pkg-config libdlpack-dev libhwy-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev libdnnl-dev \
+for p in g++ pkg-config libdlpack-dev libhwy-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev libdnnl-dev libopenblas-dev \
   libcli11-dev nlohmann-json3-dev python3 python3-pip python3-dev python3-matplotlib; do
   need "$p"
 done

@@ -101,7 +101,39 @@ typedef enum tefl_op_id_value {
   /* in (grad_output, mask) -> out (grad_input = grad_output * mask / (1 - p)) */
   TEFL_OP_DROPOUT_BWD = 47,
 
-  TEFL_OP_COUNT_ = 48 /* grows as op families land; not part of the ABI */
+  /* ---- attention (docs/ops-attention.md); attrs tefl_attention_attrs ---- */
+  TEFL_OP_FUSED_ATTN_FWD = 48,
+  TEFL_OP_FUSED_ATTN_BWD = 49,
+  /* ---- end attention ---- */
+
+  /* ---- FP8 quantization and scaling recipes (docs/ops-quantization.md) ---- */
+  TEFL_OP_QUANTIZE = 50,
+  TEFL_OP_DEQUANTIZE = 51,
+  TEFL_OP_COMPUTE_AMAX = 52,
+  TEFL_OP_COMPUTE_SCALE_FROM_AMAX = 53,
+  TEFL_OP_FUSED_AMAX_AND_SCALE_UPDATE_AFTER_REDUCTION = 54,
+  TEFL_OP_FP8_TRANSPOSE = 55,
+  /* ---- end quantization ---- */
+
+  /* ---- GEMM (docs/ops-gemm.md); attrs tefl_gemm_attrs ---- */
+  TEFL_OP_GENERIC_GEMM = 56,
+  TEFL_OP_TE_GENERAL_GROUPED_GEMM = 57,
+  /* ---- end GEMM ---- */
+
+  /* ---- fused FP8 outputs: the op, then quantize (scale in, amax and
+   * scale_inv out), in one pass ---- */
+  TEFL_OP_RMSNORM_FWD_FP8 = 58,
+  TEFL_OP_LAYERNORM_FWD_FP8 = 59,
+  TEFL_OP_GLU_FP8 = 60,
+  TEFL_OP_GEGLU_FP8 = 61,
+  TEFL_OP_QGEGLU_FP8 = 62,
+  TEFL_OP_REGLU_FP8 = 63,
+  TEFL_OP_SREGLU_FP8 = 64,
+  TEFL_OP_SWIGLU_FP8 = 65,
+  TEFL_OP_CLAMPED_SWIGLU_FP8 = 66,
+  /* ---- end fused FP8 outputs ---- */
+
+  TEFL_OP_COUNT_ = 67 /* grows as op families land; not part of the ABI */
 } tefl_op_id_value;
 
 /* layernorm_fwd and rmsnorm_fwd. Defaults: eps 1e-5, zero_centered_gamma 0,
@@ -213,6 +245,18 @@ TEFL_STATIC_ASSERT(offsetof(tefl_dropout_attrs, seed) == 8, "append-only");
 TEFL_STATIC_ASSERT(offsetof(tefl_dropout_attrs, offset) == 16, "append-only");
 TEFL_STATIC_ASSERT(offsetof(tefl_dropout_attrs, p) == 24, "append-only");
 #define TEFL_DROPOUT_ATTRS_STRUCT_SIZE TEFL_STRUCT_SIZE(tefl_dropout_attrs, p)
+
+/* ---- attention attribute structs ---- */
+
+/* ---- end attention attribute structs ---- */
+
+/* ---- quantization attribute structs ---- */
+
+/* ---- end quantization attribute structs ---- */
+
+/* ---- GEMM attribute structs ---- */
+
+/* ---- end GEMM attribute structs ---- */
 
 #ifdef __cplusplus
 } /* extern "C" */

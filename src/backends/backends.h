@@ -28,6 +28,9 @@ tefl_status* RegisterReferenceActivation(const tefl_registrar& registrar);
 tefl_status* RegisterReferenceSoftmax(const tefl_registrar& registrar);
 tefl_status* RegisterReferenceRope(const tefl_registrar& registrar);
 tefl_status* RegisterReferenceDropout(const tefl_registrar& registrar);
+tefl_status* RegisterReferenceAttention(const tefl_registrar& registrar);
+tefl_status* RegisterReferenceQuantization(const tefl_registrar& registrar);
+tefl_status* RegisterReferenceGemm(const tefl_registrar& registrar);
 
 // default.portable: Highway (runtime ISA dispatch) + the host thread pool.
 tefl_status* RegisterPortableNormalization(const tefl_registrar& registrar);
@@ -35,6 +38,9 @@ tefl_status* RegisterPortableActivation(const tefl_registrar& registrar);
 tefl_status* RegisterPortableSoftmax(const tefl_registrar& registrar);
 tefl_status* RegisterPortableRope(const tefl_registrar& registrar);
 tefl_status* RegisterPortableDropout(const tefl_registrar& registrar);
+tefl_status* RegisterPortableAttention(const tefl_registrar& registrar);
+tefl_status* RegisterPortableQuantization(const tefl_registrar& registrar);
+tefl_status* RegisterPortableGemm(const tefl_registrar& registrar);
 
 // Every in-tree backend, in a fixed order.
 tefl_status* RegisterBuiltinBackends(const tefl_registrar& registrar);

@@ -29,7 +29,9 @@ tefl_status* RegisterBuiltinBackends(const tefl_registrar& registrar) {
       RegisterReferenceNormalization, RegisterPortableNormalization, RegisterReferenceActivation,
       RegisterPortableActivation,     RegisterReferenceSoftmax,      RegisterPortableSoftmax,
       RegisterReferenceRope,          RegisterPortableRope,          RegisterReferenceDropout,
-      RegisterPortableDropout,
+      RegisterPortableDropout,        RegisterReferenceAttention,    RegisterPortableAttention,
+      RegisterReferenceQuantization,  RegisterPortableQuantization,  RegisterReferenceGemm,
+      RegisterPortableGemm,
   };
   for (RegisterFn fn : kFamilies) {
     if (tefl_status* s = fn(registrar)) return s;

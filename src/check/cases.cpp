@@ -66,6 +66,9 @@ std::vector<Case> BuiltinCases(const std::string& op_name, const GridOptions& op
   if (family == "softmax") cases = SoftmaxCases(name, options);
   if (family == "rope") cases = RopeCases(name, options);
   if (family == "dropout") cases = DropoutCases(name, options);
+  if (family == "attention") cases = AttentionCases(name, options);
+  if (family == "quantization") cases = QuantizationCases(name, options);
+  if (family == "gemm") cases = GemmCases(name, options);
   if (options.first_only && cases.size() > 1) cases.resize(1);
   return cases;
 }

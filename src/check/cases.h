@@ -66,6 +66,9 @@ std::vector<Case> ActivationCases(const std::string& op, const GridOptions& o);
 std::vector<Case> SoftmaxCases(const std::string& op, const GridOptions& o);
 std::vector<Case> RopeCases(const std::string& op, const GridOptions& o);
 std::vector<Case> DropoutCases(const std::string& op, const GridOptions& o);
+std::vector<Case> AttentionCases(const std::string& op, const GridOptions& o);
+std::vector<Case> QuantizationCases(const std::string& op, const GridOptions& o);
+std::vector<Case> GemmCases(const std::string& op, const GridOptions& o);
 }  // namespace cases_internal
 
 }  // namespace tefl::check

@@ -17,7 +17,8 @@ const Table& GetTable() {
   static const Table table = [] {
     Table t;
     for (std::span<const OpSchema> family :
-         {NormalizationSchemas(), RopeSchemas(), ActivationSchemas(), SoftmaxSchemas(), DropoutSchemas()}) {
+         {NormalizationSchemas(), RopeSchemas(), ActivationSchemas(), SoftmaxSchemas(), DropoutSchemas(),
+          AttentionSchemas(), QuantizationSchemas(), GemmSchemas()}) {
       for (const OpSchema& op : family) {
         t.ops[size_t(op.id)] = op;
       }

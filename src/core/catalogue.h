@@ -106,6 +106,9 @@ std::span<const OpSchema> RopeSchemas();
 std::span<const OpSchema> ActivationSchemas();
 std::span<const OpSchema> SoftmaxSchemas();
 std::span<const OpSchema> DropoutSchemas();
+std::span<const OpSchema> AttentionSchemas();
+std::span<const OpSchema> QuantizationSchemas();
+std::span<const OpSchema> GemmSchemas();
 
 }  // namespace tefl
 

@@ -1,0 +1,4 @@
+// Benchmarks of the attention family (scaffold).
+#include <benchmark/benchmark.h>
+
+BENCHMARK_MAIN();

@@ -1,0 +1,4 @@
+// Benchmarks of the gemm family (scaffold).
+#include <benchmark/benchmark.h>
+
+BENCHMARK_MAIN();

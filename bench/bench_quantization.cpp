@@ -1,0 +1,4 @@
+// Benchmarks of the quantization family (scaffold).
+#include <benchmark/benchmark.h>
+
+BENCHMARK_MAIN();

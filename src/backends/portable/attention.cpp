@@ -1,0 +1,8 @@
+// portable — attention family (scaffold: the family's helper replaces this file).
+#include "backends/backends.h"
+
+namespace tefl::backends {
+
+tefl_status* RegisterPortableAttention(const tefl_registrar&) { return nullptr; }
+
+}  // namespace tefl::backends

@@ -1,0 +1,8 @@
+// reference — attention family (scaffold: the family's helper replaces this file).
+#include "backends/backends.h"
+
+namespace tefl::backends {
+
+tefl_status* RegisterReferenceAttention(const tefl_registrar&) { return nullptr; }
+
+}  // namespace tefl::backends

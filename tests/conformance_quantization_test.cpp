@@ -1,0 +1,4 @@
+// Conformance of the quantization family (scaffold).
+#include <gtest/gtest.h>
+
+#include "test_support.h"
