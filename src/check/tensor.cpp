@@ -85,6 +85,10 @@ bool Neighbours(double a, double b, DType dtype) {
   auto bits = [&](double v) -> int64_t {
     if (dtype == DType::kBF16) return int64_t(FloatToBF16(float(v)));
     if (dtype == DType::kF16) return int64_t(FloatToF16(float(v)));
+    if (dtype == DType::kE4M3 || dtype == DType::kE5M2) {  // sign-magnitude codes: make them ordered
+      const uint8_t c = FloatToFp8(float(v), dtype == DType::kE4M3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2);
+      return (c & 0x80) ? -int64_t(c & 0x7F) : int64_t(c);
+    }
     uint32_t u = FloatBits(float(v));
     return int64_t(u);
   };

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/fp8.h"
 #include "tefl/tefl.h"
 
 namespace tefl {
@@ -189,7 +190,8 @@ inline uint16_t FloatToF16(float f) {
   return uint16_t(sign | uint16_t((rounded - 0x38000000u) >> 13));
 }
 
-// Element loads/stores for the float dtypes (fp32, fp16, bf16).
+// Element loads/stores for the float dtypes (fp32, fp16, bf16, fp64, FP8
+// E4M3/E5M2 (RNE, saturating)) and the small integer types tests use.
 inline float LoadAsFloat(const void* base, int64_t i, DType t) {
   switch (t) {
     case DType::kF32:
@@ -205,6 +207,12 @@ inline float LoadAsFloat(const void* base, int64_t i, DType t) {
       return float(static_cast<const uint8_t*>(base)[i]);
     case DType::kI32:
       return float(static_cast<const int32_t*>(base)[i]);
+    case DType::kI64:
+      return float(static_cast<const int64_t*>(base)[i]);
+    case DType::kE4M3:
+      return Fp8ToFloat(static_cast<const uint8_t*>(base)[i], Fp8Format::kE4M3);
+    case DType::kE5M2:
+      return Fp8ToFloat(static_cast<const uint8_t*>(base)[i], Fp8Format::kE5M2);
     default:
       return __builtin_nanf("");
   }
@@ -229,6 +237,15 @@ inline void StoreFromFloat(void* base, int64_t i, DType t, float v) {
       break;
     case DType::kI32:
       static_cast<int32_t*>(base)[i] = int32_t(v);
+      break;
+    case DType::kI64:
+      static_cast<int64_t*>(base)[i] = int64_t(v);
+      break;
+    case DType::kE4M3:
+      static_cast<uint8_t*>(base)[i] = FloatToFp8(v, Fp8Format::kE4M3);
+      break;
+    case DType::kE5M2:
+      static_cast<uint8_t*>(base)[i] = FloatToFp8(v, Fp8Format::kE5M2);
       break;
     default:
       break;
