@@ -43,10 +43,11 @@ constexpr ArgSchema kBwdIn[] = {{"q", kF, false, "as in fused_attn_fwd"},
                                 {"cu_seqlens_q", kI32Only, true, "as in fused_attn_fwd"},
                                 {"cu_seqlens_kv", kI32Only, true, "as in fused_attn_fwd"},
                                 {"softmax_offset", kF32Only, true, "[h_q] alpha of the learnable softmax"}};
-constexpr ArgSchema kBwdOut[] = {{"dq", kF, false, "like q"},
-                                 {"dk", kF, false, "like k"},
-                                 {"dv", kF, false, "like v"},
-                                 {"d_softmax_offset", kF32Only, true, "[h_q] gradient of alpha (learnable only)"}};
+constexpr ArgSchema kBwdOut[] = {
+    {"dq", kF, false, "like q"},
+    {"dk", kF, false, "like k"},
+    {"dv", kF, false, "like v"},
+    {"d_softmax_offset", kF32Only, true, "[h_q] gradient of alpha (zeros unless softmax_type is learnable)"}};
 
 constexpr double kMaxP = 1.0 - 1.0 / 16777216.0;  // the largest float below 1
 constexpr double kIntMax = 2147483647.0;
@@ -312,8 +313,6 @@ tefl_status* CheckAttention(const OpSchema& op, const CallArgs& a, const Idx& x)
       if (tefl_status* e = CheckSameDtype(op, a, x.q, i)) return e;
     }
     const DLTensor* d_alpha = TensorAt(a, x.d_alpha);
-    if (d_alpha != nullptr && !learnable)
-      return ArgError(op, x.d_alpha, "must be NULL unless softmax_type is learnable (2)");
     if (d_alpha != nullptr && !HasShape(d_alpha, {m.hq}))
       return ArgError(op, x.d_alpha, fmt::format("expected shape [{}] (h_q), got {}", m.hq, ShapeString(d_alpha)));
   }

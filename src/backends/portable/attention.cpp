@@ -708,7 +708,8 @@ tefl_status* AttnBwd(const tefl_call_frame* f, void*) {
     }
     if (c.failed.load()) return Status(f, TEFL_INTERNAL, "out of memory for the attention scratch");
 
-    // d_alpha[h] = -sum_i exp(alpha[h] - lse_i) D_i, in double, in row order.
+    // d_alpha[h] = -sum_i exp(alpha[h] - lse_i) D_i, in double, in row order
+    // (0 without a learnable alpha).
     if (out[3] != nullptr) {
       const AttnGeometry& g = c.g;
       float* da = static_cast<float*>(DataPtr(out[3]));
@@ -717,7 +718,7 @@ tefl_status* AttnBwd(const tefl_call_frame* f, void*) {
         for (int64_t bi = 0; bi < g.b; ++bi)
           for (int64_t i = 0; i < g.len_q(bi); ++i) {
             const int64_t si = g.stat_index(bi, h, i);
-            sum -= std::exp(double(c.alpha[h]) - double(c.lse[si])) * double(drow[size_t(si)]);
+            if (c.alpha) sum -= std::exp(double(c.alpha[h]) - double(c.lse[si])) * double(drow[size_t(si)]);
           }
         da[h] = float(sum);
       }

@@ -111,7 +111,8 @@ tefl_status* AttnFwd(const tefl_call_frame* f, void*) {
 }
 
 // in (q, k, v, o, d_o, stats, cu_seqlens_q?, cu_seqlens_kv?, softmax_offset?)
-// -> out (dq, dk, dv, d_softmax_offset?)
+// -> out (dq, dk, dv, d_softmax_offset?); d_softmax_offset is 0 unless the
+// softmax is learnable.
 tefl_status* AttnBwd(const tefl_call_frame* f, void*) {
   const auto& attrs = *static_cast<const tefl_attention_attrs*>(f->attrs);
   const DLTensor* const* in = f->inputs;
