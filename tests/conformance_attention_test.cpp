@@ -10,11 +10,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "backends/philox.h"
+#include "tefl/attention.hpp"
 #include "test_support.h"
 
 namespace {
@@ -714,3 +716,70 @@ TEST(AttentionValidation, BadInputIsAClearErrorAndWritesNothing) {
 }
 
 }  // namespace
+
+// ---- The C++ entry points (include/tefl/attention.hpp) -----------------------------------------
+TEST(AttentionApi, GetAttentionBackendNamesTheServingImplAndRejections) {
+  tefl::AttentionParams p;
+  p.batch = 2;
+  p.seqlen_q = 128;
+  p.seqlen_kv = 256;
+  p.num_heads_q = 8;
+  p.num_heads_kv = 2;
+  p.head_dim_qk = 64;
+  p.head_dim_v = 64;
+  p.mask_type = TEFL_ATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+  tefl::AttentionBackend b = tefl::GetAttentionBackend(p);
+  EXPECT_TRUE(b.available) << b.ToString();
+  EXPECT_FALSE(b.impl_id.empty());
+  EXPECT_EQ(b.resolution.op_name, "fused_attn_fwd");
+  bool has_reference = false;
+  for (const tefl::CandidateReport& c : b.resolution.candidates) has_reference |= c.impl_id == kReference;
+  EXPECT_TRUE(has_reference);
+  p.backward = true;
+  p.qkv_format = TEFL_QKV_THD;
+  p.seqlen_q = 256;  // 2 sequences of 128 tokens
+  p.cu_seqlens_kv = {0, 100, 256};
+  b = tefl::GetAttentionBackend(p);
+  EXPECT_TRUE(b.available) << b.ToString();
+  EXPECT_EQ(b.resolution.op_name, "fused_attn_bwd");
+  p.num_heads_kv = 3;  // does not divide 8
+  b = tefl::GetAttentionBackend(p);
+  EXPECT_FALSE(b.available);
+  EXPECT_NE(b.error.find("argument 'k'"), std::string::npos) << b.error;
+}
+
+TEST(AttentionApi, FlashAttentionAllocatesOrUsesCallerOutputs) {
+  Spec s;
+  s.mask = TEFL_ATTN_MASK_CAUSAL;
+  s.softmax = TEFL_ATTN_SOFTMAX_LEARNABLE;
+  Problem ref = Make(s);
+  ASSERT_TRUE(RunFwd(ref, kReference).ok());
+  ASSERT_TRUE(RunBwd(ref, kReference).ok());
+  const tefl_attention_attrs a = s.Attrs();
+  Problem p = Make(s);
+  tefl::AttentionInputs in{p.q.ptr(), p.k.ptr(), p.v.ptr(), nullptr, nullptr, p.alpha.ptr()};
+  tefl::FlashAttentionOutputs out;  // allocated
+  tefl::Status st = tefl::FlashAttention(in, a, &out);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_FALSE(out.impl_id.empty());
+  ASSERT_EQ(out.o_storage.shape(), p.o.shape());
+  ASSERT_EQ(out.stats_storage.shape(), p.stats.shape());
+  std::memcpy(p.o.bytes(), out.o->data, p.o.nbytes());
+  std::memcpy(p.stats.bytes(), out.stats->data, p.stats.nbytes());
+  EXPECT_EQ(Cmp("o", p.o, ref.o, AttnTol(s.dtype)) + Cmp("stats", p.stats, ref.stats, {1e-3, 1e-3}), "");
+  tefl::FlashAttentionGrads g;  // allocated, d_softmax_offset included
+  st = tefl::FlashAttentionBackward(in, ref.o.ptr(), p.d_o.ptr(), ref.stats.ptr(), a, &g);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_NE(g.d_softmax_offset, nullptr);
+  std::memcpy(p.dq.bytes(), g.dq->data, p.dq.nbytes());
+  std::memcpy(p.dalpha.bytes(), g.d_softmax_offset->data, p.dalpha.nbytes());
+  EXPECT_EQ(Cmp("dq", p.dq, ref.dq, AttnTol(s.dtype)) + Cmp("dalpha", p.dalpha, ref.dalpha, {2e-3, 2e-3}), "");
+  // Caller-provided outputs are written in place.
+  Problem c = Make(s);
+  tefl::FlashAttentionOutputs given;
+  given.o = c.o.ptr();
+  given.stats = c.stats.ptr();
+  ASSERT_TRUE(tefl::FlashAttention(in, a, &given).ok());
+  EXPECT_EQ(given.o_storage.shape().size(), 0u);
+  EXPECT_EQ(Cmp("o", c.o, ref.o, AttnTol(s.dtype)), "");
+}
