@@ -248,6 +248,58 @@ TEFL_STATIC_ASSERT(offsetof(tefl_dropout_attrs, p) == 24, "append-only");
 
 /* ---- attention attribute structs ---- */
 
+/* TransformerEngine's NVTE_Mask_Type values (fused_attn_fwd / fused_attn_bwd). */
+typedef enum tefl_attn_mask_type {
+  TEFL_ATTN_MASK_NO_MASK = 0,
+  TEFL_ATTN_MASK_PADDING = 1,
+  TEFL_ATTN_MASK_CAUSAL = 2,
+  TEFL_ATTN_MASK_PADDING_CAUSAL = 3,
+  TEFL_ATTN_MASK_CAUSAL_BOTTOM_RIGHT = 4,
+  TEFL_ATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT = 5
+} tefl_attn_mask_type;
+
+/* TransformerEngine's NVTE_Softmax_Type values. */
+typedef enum tefl_attn_softmax_type {
+  TEFL_ATTN_SOFTMAX_VANILLA = 0,
+  TEFL_ATTN_SOFTMAX_OFF_BY_ONE = 1,
+  TEFL_ATTN_SOFTMAX_LEARNABLE = 2
+} tefl_attn_softmax_type;
+
+/* fused_attn_fwd / fused_attn_bwd (docs/ops-attention.md). Defaults: sbhd,
+ * no_mask, window (-1, -1) (unbounded), vanilla softmax, scale 0 (meaning
+ * 1/sqrt(d_qk)), dropout 0, not training, seed 0, offset 0.
+ * s = scale * q.k; query i of a sequence of sq queries and sk keys attends
+ * keys j in [i + sk - sq - window_left, i + sk - sq + window_right] (-1:
+ * unbounded side), and with causal masks also j <= i (top-left) or j <= i +
+ * sk - sq (bottom-right); causal masks require window_right -1 or 0.
+ * Dropout (only when is_training) keeps element e = ((b * h_q + h) * sq + i)
+ * * sk + j (thd: (h * t_q + token_q) * t_kv + token_kv) by tefl_dropout_attrs'
+ * Philox rule with (seed, offset, p = dropout). */
+typedef struct tefl_attention_attrs {
+  size_t struct_size;
+  int32_t qkv_format;   /* tefl_qkv_format */
+  int32_t mask_type;    /* tefl_attn_mask_type */
+  int32_t window_left;  /* -1: unbounded */
+  int32_t window_right; /* -1: unbounded */
+  int32_t softmax_type; /* tefl_attn_softmax_type */
+  float scale;          /* 0: 1/sqrt(d_qk) */
+  float dropout;        /* drop probability in [0, 1) */
+  int32_t is_training;  /* dropout applies only when nonzero */
+  uint64_t seed;
+  uint64_t offset;
+} tefl_attention_attrs;
+TEFL_STATIC_ASSERT(offsetof(tefl_attention_attrs, qkv_format) == 8, "append-only");
+TEFL_STATIC_ASSERT(offsetof(tefl_attention_attrs, mask_type) == 12, "append-only");
+TEFL_STATIC_ASSERT(offsetof(tefl_attention_attrs, window_left) == 16, "append-only");
+TEFL_STATIC_ASSERT(offsetof(tefl_attention_attrs, window_right) == 20, "append-only");
+TEFL_STATIC_ASSERT(offsetof(tefl_attention_attrs, softmax_type) == 24, "append-only");
+TEFL_STATIC_ASSERT(offsetof(tefl_attention_attrs, scale) == 28, "append-only");
+TEFL_STATIC_ASSERT(offsetof(tefl_attention_attrs, dropout) == 32, "append-only");
+TEFL_STATIC_ASSERT(offsetof(tefl_attention_attrs, is_training) == 36, "append-only");
+TEFL_STATIC_ASSERT(offsetof(tefl_attention_attrs, seed) == 40, "append-only");
+TEFL_STATIC_ASSERT(offsetof(tefl_attention_attrs, offset) == 48, "append-only");
+#define TEFL_ATTENTION_ATTRS_STRUCT_SIZE TEFL_STRUCT_SIZE(tefl_attention_attrs, offset)
+
 /* ---- end attention attribute structs ---- */
 
 /* ---- quantization attribute structs ---- */

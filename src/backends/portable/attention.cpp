@@ -1,8 +1,742 @@
-// portable — attention family (scaffold: the family's helper replaces this file).
+// default.portable attention kernels: fused_attn_fwd / fused_attn_bwd as
+// flash attention (spec/ops.md "Attention", docs/ops-attention.md).
+//
+// Google Highway with runtime ISA dispatch (foreach_target.h), threads from
+// the host pool. No [sq, sk] matrix is ever in memory: queries are processed
+// in blocks of kBq rows against key tiles of kBk keys with an online softmax
+// (running max m and denominator l per row), in fp32.
+//
+//  - Every tile product is one register-blocked micro-kernel (Gemm below):
+//    C[M x N] (+)= A[M x K] B[K x N], 4 rows of A x 4 vectors of B columns
+//    (4 x 64 floats with AVX-512), K loop of broadcast-FMAs. Operands are
+//    packed to fp32 once per tile: q block (pre-multiplied by the scale), k
+//    tile transposed, v tile; bf16/fp16 are widened exactly while packing.
+//  - Forward, per (sequence, head, query block): S = Qs Kt, mask outside each
+//    row's key range (one contiguous range, attention_geometry.h), online
+//    softmax with exp from hwy/contrib/math, dropout on P (not on l), O +=
+//    P V; at the end O /= l and lse = m + log(l). The softmax variants start
+//    each row at m = extra logit (0 off-by-one, alpha[h] learnable), l = 1.
+//  - Backward (flash-attention-2): D_i = d_o_i . o_i first; then two
+//    race-free passes: dK/dV over (sequence, kv head, key block), looping
+//    over the group's q heads and query blocks (dV += P'^T dO, dK += dS^T
+//    Qs); dQ over (sequence, head, query block), looping over key tiles
+//    (dQ += dS K). Each recomputes P = exp(S - lse) from the saved
+//    statistics and dS = P (dP' - D). No atomics; results do not depend on
+//    the thread count.
+//
+// Host contract (validated before the call): CPU tensors, compact row-major,
+// q/k/v/o/d_o/dq/dk/dv of one float dtype, stats/alpha fp32, cu_seqlens
+// consistent with the tensors, causal masks with window_right -1 or 0.
+#include <hwy/aligned_allocator.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <vector>
+
+#include "backends/attention_geometry.h"
 #include "backends/backends.h"
+#include "backends/kernel_support.h"
+#include "backends/philox.h"
+#include "core/dtype.h"
+#include "tefl/ops.h"
+#include "tefl/tefl.h"
 
+// ---- State shared by every target (defined once) ---------------------------
+#ifndef TEFL_BACKENDS_PORTABLE_ATTENTION_SHARED_
+#define TEFL_BACKENDS_PORTABLE_ATTENTION_SHARED_
 namespace tefl::backends {
+namespace {
 
-tefl_status* RegisterPortableAttention(const tefl_registrar&) { return nullptr; }
+constexpr int64_t kBq = 64;  // query rows per block
+constexpr int64_t kBk = 64;  // keys per tile (a multiple of every target's 4 vectors)
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// One unit of work: (sequence, head, first row of the block).
+struct Item {
+  int64_t b, h, start;
+};
+
+struct AttnCtx {
+  AttnGeometry g;
+  DType t;
+  const void *q, *k, *v, *o, *d_o;
+  void *out, *dq, *dk, *dv;
+  float* stats;      // forward output
+  const float* lse;  // backward input
+  float* drow;       // backward: D per query row, indexed like stats
+  const float* alpha;
+  uint32_t threshold;  // dropout keep threshold
+  float keep_scale;    // 1 / (1 - p)
+  int64_t dqkp, dvp;   // head dims padded to the micro-kernel's column group
+  const Item* items;
+  std::atomic<int> failed{0};
+};
+
+// n elements of a tensor from element offset `off`, widened to fp32.
+inline void LoadRow(const void* base, DType t, int64_t off, int64_t n, float* dst) {
+  if (t == DType::kF32) {
+    std::memcpy(dst, static_cast<const float*>(base) + off, size_t(n) * sizeof(float));
+    return;
+  }
+  const uint16_t* p = static_cast<const uint16_t*>(base) + off;
+  if (t == DType::kBF16) {
+    for (int64_t c = 0; c < n; ++c) dst[c] = BF16ToFloat(p[c]);
+  } else {
+    for (int64_t c = 0; c < n; ++c) dst[c] = F16ToFloat(p[c]);
+  }
+}
+// n fp32 values times `mul`, rounded once to the tensor's dtype.
+inline void StoreRow(const float* src, float mul, DType t, void* base, int64_t off, int64_t n) {
+  if (t == DType::kF32) {
+    float* p = static_cast<float*>(base) + off;
+    for (int64_t c = 0; c < n; ++c) p[c] = src[c] * mul;
+    return;
+  }
+  uint16_t* p = static_cast<uint16_t*>(base) + off;
+  if (t == DType::kBF16) {
+    for (int64_t c = 0; c < n; ++c) p[c] = FloatToBF16(src[c] * mul);
+  } else {
+    for (int64_t c = 0; c < n; ++c) p[c] = FloatToF16(src[c] * mul);
+  }
+}
+inline void ZeroRow(DType t, void* base, int64_t off, int64_t n) {
+  std::memset(static_cast<char*>(base) + size_t(off) * FloatElemSize(t), 0, size_t(n) * FloatElemSize(t));
+}
+
+// The dropout factors of row (bi, h, i) for keys [j0, j0 + n): keep_scale or 0.
+inline void DropFactors(const AttnCtx& c, int64_t bi, int64_t h, int64_t i, int64_t j0, int64_t n, float* z) {
+  const AttnGeometry& g = c.g;
+  const uint64_t base = g.DropRow(bi, h, i) * g.DropCols() + g.DropCol(bi, j0);
+  uint64_t group = ~uint64_t(0);
+  Philox4 w{};
+  for (int64_t jj = 0; jj < n; ++jj) {
+    const uint64_t e = base + uint64_t(jj);
+    if ((e >> 2) != group) {
+      group = e >> 2;
+      w = DropoutWords(g.seed, g.offset, group);
+    }
+    z[jj] = w.v[e & 3] >= c.threshold ? c.keep_scale : 0.0f;
+  }
+}
+
+// The extra softmax term as a logit (see reference.cpp).
+inline bool ExtraLogit(const AttnCtx& c, int64_t h, float* logit) {
+  *logit = c.g.softmax == TEFL_ATTN_SOFTMAX_LEARNABLE ? c.alpha[h] : 0.0f;
+  return c.g.softmax != TEFL_ATTN_SOFTMAX_VANILLA;
+}
+
+}  // namespace
+}  // namespace tefl::backends
+#endif  // TEFL_BACKENDS_PORTABLE_ATTENTION_SHARED_
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "backends/portable/attention.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+// ---- Per-target kernels ------------------------------------------------------
+HWY_BEFORE_NAMESPACE();
+namespace tefl::backends::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using DF = hn::ScalableTag<float>;
+
+// Columns per micro-kernel step: 4 vectors.
+HWY_INLINE size_t Group() { return 4 * hn::Lanes(DF()); }
+HWY_INLINE int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// C[M x N] (+)= A[M x K] B[K x N]; M % 4 == 0, N % Group() == 0. Each step
+// keeps a 4 x 4-vector block of C in registers over the whole K loop.
+template <bool kAccumulate>
+HWY_NOINLINE void Gemm(const float* HWY_RESTRICT A, size_t lda, const float* HWY_RESTRICT B, size_t ldb,
+                       float* HWY_RESTRICT C, size_t ldc, size_t M, size_t N, size_t K) {
+  const DF df;
+  const size_t L = hn::Lanes(df);
+  for (size_t i = 0; i < M; i += 4) {
+    const float* HWY_RESTRICT a0 = A + i * lda;
+    const float* HWY_RESTRICT a1 = a0 + lda;
+    const float* HWY_RESTRICT a2 = a1 + lda;
+    const float* HWY_RESTRICT a3 = a2 + lda;
+    for (size_t j = 0; j < N; j += 4 * L) {
+      float* HWY_RESTRICT c0 = C + i * ldc + j;
+      float* HWY_RESTRICT c1 = c0 + ldc;
+      float* HWY_RESTRICT c2 = c1 + ldc;
+      float* HWY_RESTRICT c3 = c2 + ldc;
+      auto c00 = hn::Zero(df), c01 = hn::Zero(df), c02 = hn::Zero(df), c03 = hn::Zero(df);
+      auto c10 = hn::Zero(df), c11 = hn::Zero(df), c12 = hn::Zero(df), c13 = hn::Zero(df);
+      auto c20 = hn::Zero(df), c21 = hn::Zero(df), c22 = hn::Zero(df), c23 = hn::Zero(df);
+      auto c30 = hn::Zero(df), c31 = hn::Zero(df), c32 = hn::Zero(df), c33 = hn::Zero(df);
+      if (kAccumulate) {
+        c00 = hn::LoadU(df, c0), c01 = hn::LoadU(df, c0 + L), c02 = hn::LoadU(df, c0 + 2 * L);
+        c03 = hn::LoadU(df, c0 + 3 * L);
+        c10 = hn::LoadU(df, c1), c11 = hn::LoadU(df, c1 + L), c12 = hn::LoadU(df, c1 + 2 * L);
+        c13 = hn::LoadU(df, c1 + 3 * L);
+        c20 = hn::LoadU(df, c2), c21 = hn::LoadU(df, c2 + L), c22 = hn::LoadU(df, c2 + 2 * L);
+        c23 = hn::LoadU(df, c2 + 3 * L);
+        c30 = hn::LoadU(df, c3), c31 = hn::LoadU(df, c3 + L), c32 = hn::LoadU(df, c3 + 2 * L);
+        c33 = hn::LoadU(df, c3 + 3 * L);
+      }
+      const float* HWY_RESTRICT b = B + j;
+      for (size_t k = 0; k < K; ++k, b += ldb) {
+        const auto b0 = hn::LoadU(df, b), b1 = hn::LoadU(df, b + L), b2 = hn::LoadU(df, b + 2 * L),
+                   b3 = hn::LoadU(df, b + 3 * L);
+        auto a = hn::Set(df, a0[k]);
+        c00 = hn::MulAdd(a, b0, c00), c01 = hn::MulAdd(a, b1, c01), c02 = hn::MulAdd(a, b2, c02);
+        c03 = hn::MulAdd(a, b3, c03);
+        a = hn::Set(df, a1[k]);
+        c10 = hn::MulAdd(a, b0, c10), c11 = hn::MulAdd(a, b1, c11), c12 = hn::MulAdd(a, b2, c12);
+        c13 = hn::MulAdd(a, b3, c13);
+        a = hn::Set(df, a2[k]);
+        c20 = hn::MulAdd(a, b0, c20), c21 = hn::MulAdd(a, b1, c21), c22 = hn::MulAdd(a, b2, c22);
+        c23 = hn::MulAdd(a, b3, c23);
+        a = hn::Set(df, a3[k]);
+        c30 = hn::MulAdd(a, b0, c30), c31 = hn::MulAdd(a, b1, c31), c32 = hn::MulAdd(a, b2, c32);
+        c33 = hn::MulAdd(a, b3, c33);
+      }
+      hn::StoreU(c00, df, c0), hn::StoreU(c01, df, c0 + L), hn::StoreU(c02, df, c0 + 2 * L);
+      hn::StoreU(c03, df, c0 + 3 * L);
+      hn::StoreU(c10, df, c1), hn::StoreU(c11, df, c1 + L), hn::StoreU(c12, df, c1 + 2 * L);
+      hn::StoreU(c13, df, c1 + 3 * L);
+      hn::StoreU(c20, df, c2), hn::StoreU(c21, df, c2 + L), hn::StoreU(c22, df, c2 + 2 * L);
+      hn::StoreU(c23, df, c2 + 3 * L);
+      hn::StoreU(c30, df, c3), hn::StoreU(c31, df, c3 + L), hn::StoreU(c32, df, c3 + 2 * L);
+      hn::StoreU(c33, df, c3 + 3 * L);
+    }
+  }
+}
+
+// e^x for x <= 88 (the arguments here are <= 0 up to rounding), as
+// softmax.cpp's ExpNonPositive with a degree-6 polynomial (relative error
+// ~2e-7): x clamped to >= -88 (e^x = 0 there, so -inf gives 0), reduced to
+// r = x - n ln 2, then times 2^n built from the bits. On x86 Max(c, x)
+// returns x when x is NaN, so NaN passes through (hn::Exp maps NaN to 0);
+// elsewhere an explicit select keeps it.
+HWY_INLINE hn::Vec<DF> ExpNaN(DF df, hn::Vec<DF> x) {
+  const hn::RebindToSigned<DF> di;
+  const auto kLow = hn::Set(df, -88.0f);
+#if HWY_ARCH_X86
+  x = hn::Max(kLow, x);
+#else
+  x = hn::IfThenElse(hn::Lt(x, kLow), kLow, x);
+#endif
+  const auto kMagic = hn::Set(df, 12582912.0f);  // 1.5 * 2^23
+  const auto t = hn::MulAdd(x, hn::Set(df, 1.44269504088896341f), kMagic);
+  const auto r = hn::NegMulAdd(hn::Sub(t, kMagic), hn::Set(df, 0.693147180559945309f), x);
+  auto p = hn::Set(df, 1.0f / 720);
+  p = hn::MulAdd(p, r, hn::Set(df, 1.0f / 120));
+  p = hn::MulAdd(p, r, hn::Set(df, 1.0f / 24));
+  p = hn::MulAdd(p, r, hn::Set(df, 1.0f / 6));
+  p = hn::MulAdd(p, r, hn::Set(df, 0.5f));
+  p = hn::MulAdd(p, r, hn::Set(df, 1.0f));
+  p = hn::MulAdd(p, r, hn::Set(df, 1.0f));
+  const int32_t magic_bits = 0x4B400000;
+  const auto pow2n = hn::BitCast(df, hn::ShiftLeft<23>(hn::Add(hn::BitCast(di, t), hn::Set(di, 127 - magic_bits))));
+  return hn::Mul(p, pow2n);
+}
+
+// Scratch of one thread's chunk of work, 64-byte aligned.
+struct Scratch {
+  hwy::AlignedFreeUniquePtr<float[]> mem;
+  float *qs, *dos, *kt, *vt, *vrow, *krow, *s, *dp, *acc, *acc2, *tmp, *m, *l, *z, *lse, *drow;
+  int64_t lo[kBq], hi[kBq];
+  explicit Scratch(const AttnCtx& c) {
+    const int64_t dmax = std::max(c.g.dqk, c.g.dv), pmax = std::max(c.dqkp, c.dvp);
+    const size_t sizes[] = {size_t(kBq * c.dqkp),
+                            size_t(kBq * c.dvp),
+                            size_t(dmax * kBk),
+                            size_t(dmax * kBk),
+                            size_t(kBk * c.dvp),
+                            size_t(kBk * c.dqkp),
+                            size_t(kBq * kBk),
+                            size_t(kBq * kBk),
+                            size_t(kBk * pmax),
+                            size_t(kBk * pmax),
+                            size_t(kBk * kBq + pmax),
+                            size_t(kBq),
+                            size_t(kBq),
+                            size_t(kBk),
+                            size_t(kBq),
+                            size_t(kBq)};
+    size_t total = 0;
+    for (size_t s_ : sizes) total += (s_ + 15) / 16 * 16;
+    mem = hwy::AllocateAligned<float>(total);
+    if (!mem) throw std::bad_alloc();
+    std::memset(mem.get(), 0, total * sizeof(float));
+    float** ptrs[] = {&qs, &dos, &kt, &vt, &vrow, &krow, &s, &dp, &acc, &acc2, &tmp, &m, &l, &z, &lse, &drow};
+    float* p = mem.get();
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); ++i) {
+      *ptrs[i] = p;
+      p += (sizes[i] + 15) / 16 * 16;
+    }
+  }
+};
+
+// Packs n rows of `heads` x d elements (head h) at the token rows of
+// `token(r)` into dst [rows x ld] fp32 times mul; rows [n, rows) are zeroed.
+template <class TokenFn>
+HWY_INLINE void PackRows(const AttnCtx& c, const void* base, TokenFn token, int64_t h, int64_t heads, int64_t d,
+                         int64_t n, int64_t rows, float mul, float* dst, int64_t ld) {
+  for (int64_t r = 0; r < n; ++r) {
+    float* row = dst + r * ld;
+    LoadRow(base, c.t, AttnGeometry::At(token(r), h, heads, d), d, row);
+    if (mul != 1.0f)
+      for (int64_t x = 0; x < d; ++x) row[x] *= mul;
+  }
+  for (int64_t r = n; r < rows; ++r) std::memset(dst + r * ld, 0, size_t(d) * sizeof(float));
+}
+// Packs n key rows transposed: dst[x * kBk + r] = elem(r, x); columns [n, cols) zeroed.
+template <class TokenFn>
+HWY_INLINE void PackTransposed(const AttnCtx& c, const void* base, TokenFn token, int64_t h, int64_t heads, int64_t d,
+                               int64_t n, int64_t cols, float* tmp, float* dst) {
+  for (int64_t r = 0; r < n; ++r) {
+    LoadRow(base, c.t, AttnGeometry::At(token(r), h, heads, d), d, tmp);
+    for (int64_t x = 0; x < d; ++x) dst[x * kBk + r] = tmp[x];
+  }
+  for (int64_t x = 0; x < d; ++x)
+    for (int64_t r = n; r < cols; ++r) dst[x * kBk + r] = 0.0f;
+}
+
+// Row max over [0, n) (n a multiple of the lanes).
+HWY_INLINE float RowMax(const float* HWY_RESTRICT row, int64_t n) {
+  const DF df;
+  const int64_t L = int64_t(hn::Lanes(df));
+  auto mx = hn::Set(df, -kInf);
+  for (int64_t j = 0; j < n; j += L) mx = hn::Max(mx, hn::LoadU(df, row + j));
+  return hn::GetLane(hn::MaxOfLanes(df, mx));
+}
+
+// Sets row[j] = -inf outside [a, e) for j in [0, n).
+HWY_INLINE void MaskOutside(float* row, int64_t a, int64_t e, int64_t n) {
+  for (int64_t j = 0; j < std::min(a, n); ++j) row[j] = -kInf;
+  for (int64_t j = std::max(e, int64_t(0)); j < n; ++j) row[j] = -kInf;
+}
+
+// ---- Forward ----------------------------------------------------------------------------
+void FwdItem(const AttnCtx& c, const Item& it, Scratch& w) {
+  const DF df;
+  const int64_t L = int64_t(hn::Lanes(df)), G = int64_t(Group());
+  const AttnGeometry& g = c.g;
+  const int64_t bi = it.b, h = it.h, i0 = it.start, hk = g.kv_head(h);
+  const int64_t i1 = std::min(i0 + kBq, g.rows_q(bi));
+  const int64_t n = std::clamp(g.len_q(bi) - i0, int64_t(0), i1 - i0);
+  for (int64_t i = i0 + n; i < i1; ++i) {  // padded rows
+    ZeroRow(c.t, c.out, AttnGeometry::At(g.token_q(bi, i), h, g.hq, g.dv), g.dv);
+    c.stats[g.stat_index(bi, h, i)] = 0.0f;
+  }
+  if (n == 0) return;
+  const int64_t M = RoundUp(n, 4);
+  int64_t klo = std::numeric_limits<int64_t>::max(), khi = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    g.KeyRange(bi, i0 + r, &w.lo[r], &w.hi[r]);
+    if (w.lo[r] < w.hi[r]) klo = std::min(klo, w.lo[r]), khi = std::max(khi, w.hi[r]);
+  }
+  const float scale = float(g.scale);
+  PackRows(
+      c, c.q, [&](int64_t r) { return g.token_q(bi, i0 + r); }, h, g.hq, g.dqk, n, M, scale, w.qs, c.dqkp);
+  float extra;
+  const bool has_extra = ExtraLogit(c, h, &extra);
+  for (int64_t r = 0; r < M; ++r) {
+    w.m[r] = has_extra ? extra : -kInf;
+    w.l[r] = has_extra ? 1.0f : 0.0f;
+  }
+  std::memset(w.acc, 0, size_t(M * c.dvp) * sizeof(float));
+
+  for (int64_t j0 = klo; j0 < khi; j0 += kBk) {
+    const int64_t nk = std::min(kBk, khi - j0), np = RoundUp(nk, G);
+    auto tok = [&](int64_t r) { return g.token_kv(bi, j0 + r); };
+    PackTransposed(c, c.k, tok, hk, g.hkv, g.dqk, nk, np, w.tmp, w.kt);
+    PackRows(c, c.v, tok, hk, g.hkv, g.dv, nk, np, 1.0f, w.vrow, c.dvp);
+    Gemm<false>(w.qs, size_t(c.dqkp), w.kt, kBk, w.s, kBk, size_t(M), size_t(np), size_t(g.dqk));
+    for (int64_t r = 0; r < M; ++r) {
+      float* HWY_RESTRICT row = w.s + r * kBk;
+      const int64_t a = r < n ? w.lo[r] - j0 : 0, e = r < n ? w.hi[r] - j0 : 0;
+      if (a >= e || a >= np || e <= 0) {
+        std::memset(row, 0, size_t(np) * sizeof(float));
+        continue;
+      }
+      MaskOutside(row, a, e, np);
+      const float m_old = w.m[r];
+      // With NaN scores the max is NaN or some value (the NaN then reaches
+      // exp), or -inf when every other score is -inf: rescanned below.
+      const float mx = RowMax(row, np);
+      float m_new = std::isnan(mx) ? mx : std::max(m_old, mx);
+      if (m_new == -kInf) {
+        for (int64_t j = 0; j < np; ++j)
+          if (std::isnan(row[j])) m_new = row[j];
+      }
+      if (m_new == -kInf) {  // only -inf scores (inf inputs): nothing to add
+        std::memset(row, 0, size_t(np) * sizeof(float));
+        continue;
+      }
+      const float corr = std::exp(m_old - m_new);
+      const auto vm = hn::Set(df, m_new);
+      auto sum = hn::Zero(df);
+      for (int64_t j = 0; j < np; j += L) {
+        const auto p = ExpNaN(df, hn::Sub(hn::LoadU(df, row + j), vm));
+        sum = hn::Add(sum, p);
+        hn::StoreU(p, df, row + j);
+      }
+      w.l[r] = w.l[r] * corr + hn::GetLane(hn::SumOfLanes(df, sum));
+      w.m[r] = m_new;
+      if (g.dropout) {
+        const int64_t a0 = std::max(a, int64_t(0)), e0 = std::min(e, nk);
+        DropFactors(c, bi, h, i0 + r, j0 + a0, e0 - a0, w.z);
+        for (int64_t j = a0; j < e0; ++j) row[j] *= w.z[j - a0];
+      }
+      if (corr != 1.0f) {
+        float* HWY_RESTRICT o = w.acc + r * c.dvp;
+        const auto vc = hn::Set(df, corr);
+        for (int64_t x = 0; x < c.dvp; x += L) hn::StoreU(hn::Mul(hn::LoadU(df, o + x), vc), df, o + x);
+      }
+    }
+    Gemm<true>(w.s, kBk, w.vrow, size_t(c.dvp), w.acc, size_t(c.dvp), size_t(M), size_t(c.dvp), size_t(np));
+  }
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t i = i0 + r;
+    const int64_t off = AttnGeometry::At(g.token_q(bi, i), h, g.hq, g.dv);
+    const float l = w.l[r];
+    if (l == 0.0f) {  // attends nothing (vanilla): o = 0, lse = -inf
+      ZeroRow(c.t, c.out, off, g.dv);
+      c.stats[g.stat_index(bi, h, i)] = -kInf;
+      continue;
+    }
+    StoreRow(w.acc + r * c.dvp, 1.0f / l, c.t, c.out, off, g.dv);
+    c.stats[g.stat_index(bi, h, i)] = w.m[r] + std::log(l);
+  }
+}
+
+void FwdRange(const AttnCtx* c, int64_t begin, int64_t end) {
+  Scratch w(*c);
+  for (int64_t i = begin; i < end; ++i) FwdItem(*c, c->items[i], w);
+}
+
+// ---- Backward -----------------------------------------------------------------------------
+// D_i = d_o_i . o_i for the rows of one query block.
+void DRowsItem(const AttnCtx& c, const Item& it, Scratch& w) {
+  const AttnGeometry& g = c.g;
+  const int64_t bi = it.b, h = it.h, i0 = it.start;
+  const int64_t n = std::clamp(g.len_q(bi) - i0, int64_t(0), kBq);
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t off = AttnGeometry::At(g.token_q(bi, i0 + r), h, g.hq, g.dv);
+    LoadRow(c.o, c.t, off, g.dv, w.tmp);
+    LoadRow(c.d_o, c.t, off, g.dv, w.tmp + kBk * kBq);
+    double d = 0.0;
+    for (int64_t x = 0; x < g.dv; ++x) d += double(w.tmp[x]) * double(w.tmp[kBk * kBq + x]);
+    c.drow[g.stat_index(bi, h, i0 + r)] = float(d);
+  }
+}
+
+void DRowsRange(const AttnCtx* c, int64_t begin, int64_t end) {
+  Scratch w(*c);
+  for (int64_t i = begin; i < end; ++i) DRowsItem(*c, c->items[i], w);
+}
+
+// The elementwise step of a (query block, key tile) pair: from S (scores)
+// and dP (dO V^T) in place, P' = P z into s (when keep_p) and dS = P (dP z -
+// D) into dp. Rows >= n and columns outside each row's range give 0.
+HWY_INLINE void BwdElementwise(const AttnCtx& c, Scratch& w, int64_t bi, int64_t h, int64_t i0, int64_t n, int64_t M,
+                               int64_t j0, int64_t nk, int64_t np) {
+  const DF df;
+  const int64_t L = int64_t(hn::Lanes(df));
+  for (int64_t r = 0; r < M; ++r) {
+    float* HWY_RESTRICT s = w.s + r * kBk;
+    float* HWY_RESTRICT dp = w.dp + r * kBk;
+    const int64_t a = r < n ? std::max(w.lo[r] - j0, int64_t(0)) : 0;
+    const int64_t e = r < n ? std::min(w.hi[r] - j0, nk) : 0;
+    if (a >= e) {
+      std::memset(s, 0, size_t(np) * sizeof(float));
+      std::memset(dp, 0, size_t(np) * sizeof(float));
+      continue;
+    }
+    MaskOutside(s, a, e, np);
+    const auto vl = hn::Set(df, w.lse[r]), vd = hn::Set(df, w.drow[r]);
+    if (c.g.dropout) {
+      for (int64_t j = 0; j < np; ++j) w.z[j] = 0.0f;
+      DropFactors(c, bi, h, i0 + r, j0 + a, e - a, w.z + a);
+      for (int64_t j = 0; j < np; j += L) {
+        const auto p = ExpNaN(df, hn::Sub(hn::LoadU(df, s + j), vl));
+        const auto z = hn::LoadU(df, w.z + j);
+        hn::StoreU(hn::Mul(p, hn::MulSub(hn::LoadU(df, dp + j), z, vd)), df, dp + j);
+        hn::StoreU(hn::Mul(p, z), df, s + j);
+      }
+    } else {
+      for (int64_t j = 0; j < np; j += L) {
+        const auto p = ExpNaN(df, hn::Sub(hn::LoadU(df, s + j), vl));
+        hn::StoreU(hn::Mul(p, hn::Sub(hn::LoadU(df, dp + j), vd)), df, dp + j);
+        hn::StoreU(p, df, s + j);
+      }
+    }
+  }
+}
+
+// Loads the key ranges, lse and D of query rows [i0, i0 + n); returns
+// whether any row attends a key in [j0, j1).
+HWY_INLINE bool LoadRowState(const AttnCtx& c, Scratch& w, int64_t bi, int64_t h, int64_t i0, int64_t n, int64_t j0,
+                             int64_t j1) {
+  const AttnGeometry& g = c.g;
+  bool any = false;
+  for (int64_t r = 0; r < n; ++r) {
+    g.KeyRange(bi, i0 + r, &w.lo[r], &w.hi[r]);
+    const int64_t si = g.stat_index(bi, h, i0 + r);
+    w.lse[r] = c.lse[si];
+    w.drow[r] = c.drow[si];
+    any |= w.lo[r] < w.hi[r] && w.lo[r] < j1 && w.hi[r] > j0;
+  }
+  return any;
+}
+
+// Transposes rows [0, M) x cols [0, np) of src (ld kBk) into dst (ld kBq).
+HWY_INLINE void Transpose(const float* src, int64_t M, int64_t np, float* dst) {
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t j = 0; j < np; ++j) dst[j * kBq + r] = src[r * kBk + j];
+}
+
+// dK, dV of one key block of one (sequence, kv head).
+void BwdKvItem(const AttnCtx& c, const Item& it, Scratch& w) {
+  const int64_t G = int64_t(Group());
+  const AttnGeometry& g = c.g;
+  const int64_t bi = it.b, hk = it.h, j0 = it.start;
+  const int64_t j1 = std::min(j0 + kBk, g.rows_kv(bi));
+  const int64_t nk = std::clamp(g.len_kv(bi) - j0, int64_t(0), j1 - j0);
+  for (int64_t j = j0 + nk; j < j1; ++j) {  // padded keys
+    ZeroRow(c.t, c.dk, AttnGeometry::At(g.token_kv(bi, j), hk, g.hkv, g.dqk), g.dqk);
+    ZeroRow(c.t, c.dv, AttnGeometry::At(g.token_kv(bi, j), hk, g.hkv, g.dv), g.dv);
+  }
+  if (nk == 0) return;
+  const int64_t np = RoundUp(nk, G);
+  auto tok = [&](int64_t r) { return g.token_kv(bi, j0 + r); };
+  PackTransposed(c, c.k, tok, hk, g.hkv, g.dqk, nk, np, w.tmp, w.kt);
+  PackTransposed(c, c.v, tok, hk, g.hkv, g.dv, nk, np, w.tmp, w.vt);
+  float* dk_acc = w.acc;   // [np x dqkp]
+  float* dv_acc = w.acc2;  // [np x dvp]
+  std::memset(dk_acc, 0, size_t(np * c.dqkp) * sizeof(float));
+  std::memset(dv_acc, 0, size_t(np * c.dvp) * sizeof(float));
+  float* pt = w.tmp;  // [np x kBq] transposed P' (then dS)
+  const int64_t group = g.hq / g.hkv, lq = g.len_q(bi);
+  const float scale = float(g.scale);
+  for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+    for (int64_t i0 = 0; i0 < lq; i0 += kBq) {
+      const int64_t n = std::min(kBq, lq - i0), M = RoundUp(n, 4);
+      if (!LoadRowState(c, w, bi, h, i0, n, j0, j0 + nk)) continue;
+      auto qtok = [&](int64_t r) { return g.token_q(bi, i0 + r); };
+      PackRows(c, c.q, qtok, h, g.hq, g.dqk, n, M, scale, w.qs, c.dqkp);
+      PackRows(c, c.d_o, qtok, h, g.hq, g.dv, n, M, 1.0f, w.dos, c.dvp);
+      Gemm<false>(w.qs, size_t(c.dqkp), w.kt, kBk, w.s, kBk, size_t(M), size_t(np), size_t(g.dqk));
+      Gemm<false>(w.dos, size_t(c.dvp), w.vt, kBk, w.dp, kBk, size_t(M), size_t(np), size_t(g.dv));
+      BwdElementwise(c, w, bi, h, i0, n, M, j0, nk, np);
+      Transpose(w.s, M, np, pt);  // P'^T
+      Gemm<true>(pt, kBq, w.dos, size_t(c.dvp), dv_acc, size_t(c.dvp), size_t(np), size_t(c.dvp), size_t(M));
+      Transpose(w.dp, M, np, pt);  // dS^T; Qs carries the scale
+      Gemm<true>(pt, kBq, w.qs, size_t(c.dqkp), dk_acc, size_t(c.dqkp), size_t(np), size_t(c.dqkp), size_t(M));
+    }
+  }
+  for (int64_t r = 0; r < nk; ++r) {
+    const int64_t t = g.token_kv(bi, j0 + r);
+    StoreRow(dk_acc + r * c.dqkp, 1.0f, c.t, c.dk, AttnGeometry::At(t, hk, g.hkv, g.dqk), g.dqk);
+    StoreRow(dv_acc + r * c.dvp, 1.0f, c.t, c.dv, AttnGeometry::At(t, hk, g.hkv, g.dv), g.dv);
+  }
+}
+
+void BwdKvRange(const AttnCtx* c, int64_t begin, int64_t end) {
+  Scratch w(*c);
+  for (int64_t i = begin; i < end; ++i) BwdKvItem(*c, c->items[i], w);
+}
+
+// dQ of one query block of one (sequence, head).
+void BwdQItem(const AttnCtx& c, const Item& it, Scratch& w) {
+  const int64_t G = int64_t(Group());
+  const AttnGeometry& g = c.g;
+  const int64_t bi = it.b, h = it.h, i0 = it.start, hk = g.kv_head(h);
+  const int64_t i1 = std::min(i0 + kBq, g.rows_q(bi));
+  const int64_t n = std::clamp(g.len_q(bi) - i0, int64_t(0), i1 - i0);
+  for (int64_t i = i0 + n; i < i1; ++i) ZeroRow(c.t, c.dq, AttnGeometry::At(g.token_q(bi, i), h, g.hq, g.dqk), g.dqk);
+  if (n == 0) return;
+  const int64_t M = RoundUp(n, 4);
+  LoadRowState(c, w, bi, h, i0, n, 0, 0);
+  int64_t klo = std::numeric_limits<int64_t>::max(), khi = 0;
+  for (int64_t r = 0; r < n; ++r)
+    if (w.lo[r] < w.hi[r]) klo = std::min(klo, w.lo[r]), khi = std::max(khi, w.hi[r]);
+  auto qtok = [&](int64_t r) { return g.token_q(bi, i0 + r); };
+  PackRows(c, c.q, qtok, h, g.hq, g.dqk, n, M, float(g.scale), w.qs, c.dqkp);
+  PackRows(c, c.d_o, qtok, h, g.hq, g.dv, n, M, 1.0f, w.dos, c.dvp);
+  float* dq_acc = w.acc;  // [M x dqkp]
+  std::memset(dq_acc, 0, size_t(M * c.dqkp) * sizeof(float));
+  for (int64_t j0 = klo; j0 < khi; j0 += kBk) {
+    const int64_t nk = std::min(kBk, khi - j0), np = RoundUp(nk, G);
+    auto tok = [&](int64_t r) { return g.token_kv(bi, j0 + r); };
+    PackTransposed(c, c.k, tok, hk, g.hkv, g.dqk, nk, np, w.tmp, w.kt);
+    PackTransposed(c, c.v, tok, hk, g.hkv, g.dv, nk, np, w.tmp, w.vt);
+    PackRows(c, c.k, tok, hk, g.hkv, g.dqk, nk, np, 1.0f, w.krow, c.dqkp);
+    Gemm<false>(w.qs, size_t(c.dqkp), w.kt, kBk, w.s, kBk, size_t(M), size_t(np), size_t(g.dqk));
+    Gemm<false>(w.dos, size_t(c.dvp), w.vt, kBk, w.dp, kBk, size_t(M), size_t(np), size_t(g.dv));
+    BwdElementwise(c, w, bi, h, i0, n, M, j0, nk, np);
+    Gemm<true>(w.dp, kBk, w.krow, size_t(c.dqkp), dq_acc, size_t(c.dqkp), size_t(M), size_t(c.dqkp), size_t(np));
+  }
+  for (int64_t r = 0; r < n; ++r)
+    StoreRow(dq_acc + r * c.dqkp, float(g.scale), c.t, c.dq, AttnGeometry::At(g.token_q(bi, i0 + r), h, g.hq, g.dqk),
+             g.dqk);
+}
+
+void BwdQRange(const AttnCtx* c, int64_t begin, int64_t end) {
+  Scratch w(*c);
+  for (int64_t i = begin; i < end; ++i) BwdQItem(*c, c->items[i], w);
+}
+
+size_t ColumnGroup() { return Group(); }
+
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace tefl::backends::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace tefl::backends {
+namespace {
+
+HWY_EXPORT(FwdRange);
+HWY_EXPORT(DRowsRange);
+HWY_EXPORT(BwdKvRange);
+HWY_EXPORT(BwdQRange);
+HWY_EXPORT(ColumnGroup);
+
+tefl_status* Status(const tefl_call_frame* f, int32_t code, const char* what) noexcept {
+  return KernelStatus(f, "default.portable", "attention", code, what);
+}
+
+// Runs fn over the items; an exception in a worker marks the call failed.
+template <void (*kFn)(const AttnCtx*, int64_t, int64_t)>
+void Body(void* ctx, int64_t begin, int64_t end) {
+  auto* c = static_cast<AttnCtx*>(ctx);
+  try {
+    kFn(c, begin, end);
+  } catch (...) {
+    c->failed.store(1);
+  }
+}
+
+void FwdDispatch(const AttnCtx* c, int64_t b, int64_t e) { HWY_DYNAMIC_DISPATCH(FwdRange)(c, b, e); }
+void DRowsDispatch(const AttnCtx* c, int64_t b, int64_t e) { HWY_DYNAMIC_DISPATCH(DRowsRange)(c, b, e); }
+void BwdKvDispatch(const AttnCtx* c, int64_t b, int64_t e) { HWY_DYNAMIC_DISPATCH(BwdKvRange)(c, b, e); }
+void BwdQDispatch(const AttnCtx* c, int64_t b, int64_t e) { HWY_DYNAMIC_DISPATCH(BwdQRange)(c, b, e); }
+
+// Blocks of `block` rows of every (sequence, head): queries (kv = false) or keys.
+std::vector<Item> Items(const AttnGeometry& g, int64_t heads, bool kv, int64_t block) {
+  std::vector<Item> items;
+  for (int64_t bi = 0; bi < g.b; ++bi) {
+    const int64_t rows = kv ? g.rows_kv(bi) : g.rows_q(bi);
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t s = 0; s < rows; s += block) items.push_back(Item{bi, h, s});
+  }
+  return items;
+}
+
+void InitCtx(AttnCtx& c, const AttnGeometry& g, DType t) {
+  c.g = g;
+  c.t = t;
+  const int64_t grp = int64_t(HWY_DYNAMIC_DISPATCH(ColumnGroup)());
+  c.dqkp = (g.dqk + grp - 1) / grp * grp;
+  c.dvp = (g.dv + grp - 1) / grp * grp;
+  c.threshold = DropoutThreshold(g.p);
+  c.keep_scale = g.dropout ? float(1.0 / (1.0 - double(g.p))) : 1.0f;
+}
+
+tefl_status* AttnFwd(const tefl_call_frame* f, void*) {
+  try {
+    const auto& attrs = *static_cast<const tefl_attention_attrs*>(f->attrs);
+    const DLTensor* const* in = f->inputs;
+    const DType t = DTypeOf(in[0]->dtype);
+    if (!IsFloatType(t)) return Status(f, TEFL_UNSUPPORTED, "dtypes other than fp32/fp16/bf16");
+    AttnCtx c;
+    InitCtx(c, MakeAttnGeometry(in[0], in[1], in[2], in[3], in[4], attrs), t);
+    c.q = DataPtr(in[0]);
+    c.k = DataPtr(in[1]);
+    c.v = DataPtr(in[2]);
+    c.alpha = in[5] ? static_cast<const float*>(DataPtr(in[5])) : nullptr;
+    c.out = DataPtr(f->outputs[0]);
+    c.stats = static_cast<float*>(DataPtr(f->outputs[1]));
+    const std::vector<Item> items = Items(c.g, c.g.hq, false, kBq);
+    c.items = items.data();
+    if (!items.empty()) f->host->parallel_for(int64_t(items.size()), 1, Body<FwdDispatch>, &c);
+    if (c.failed.load()) return Status(f, TEFL_INTERNAL, "out of memory for the attention scratch");
+    return nullptr;
+  } catch (const std::exception& e) {
+    return Status(f, TEFL_INTERNAL, e.what());
+  } catch (...) {
+    return Status(f, TEFL_INTERNAL, "unknown exception");
+  }
+}
+
+tefl_status* AttnBwd(const tefl_call_frame* f, void*) {
+  try {
+    const auto& attrs = *static_cast<const tefl_attention_attrs*>(f->attrs);
+    const DLTensor* const* in = f->inputs;
+    DLTensor* const* out = f->outputs;
+    const DType t = DTypeOf(in[0]->dtype);
+    if (!IsFloatType(t)) return Status(f, TEFL_UNSUPPORTED, "dtypes other than fp32/fp16/bf16");
+    AttnCtx c;
+    InitCtx(c, MakeAttnGeometry(in[0], in[1], in[2], in[6], in[7], attrs), t);
+    c.q = DataPtr(in[0]);
+    c.k = DataPtr(in[1]);
+    c.v = DataPtr(in[2]);
+    c.o = DataPtr(in[3]);
+    c.d_o = DataPtr(in[4]);
+    c.lse = static_cast<const float*>(DataPtr(in[5]));
+    c.alpha = in[8] ? static_cast<const float*>(DataPtr(in[8])) : nullptr;
+    c.dq = DataPtr(out[0]);
+    c.dk = DataPtr(out[1]);
+    c.dv = DataPtr(out[2]);
+    std::vector<float> drow(size_t(NumElements(in[5])), 0.0f);
+    c.drow = drow.data();
+
+    const std::vector<Item> q_items = Items(c.g, c.g.hq, false, kBq);
+    const std::vector<Item> kv_items = Items(c.g, c.g.hkv, true, kBk);
+    if (!q_items.empty()) {
+      c.items = q_items.data();
+      f->host->parallel_for(int64_t(q_items.size()), 1, Body<DRowsDispatch>, &c);
+    }
+    if (!kv_items.empty()) {
+      c.items = kv_items.data();
+      f->host->parallel_for(int64_t(kv_items.size()), 1, Body<BwdKvDispatch>, &c);
+    }
+    if (!q_items.empty()) {
+      c.items = q_items.data();
+      f->host->parallel_for(int64_t(q_items.size()), 1, Body<BwdQDispatch>, &c);
+    }
+    if (c.failed.load()) return Status(f, TEFL_INTERNAL, "out of memory for the attention scratch");
+
+    // d_alpha[h] = -sum_i exp(alpha[h] - lse_i) D_i, in double, in row order
+    // (0 without a learnable alpha).
+    if (out[3] != nullptr) {
+      const AttnGeometry& g = c.g;
+      float* da = static_cast<float*>(DataPtr(out[3]));
+      for (int64_t h = 0; h < g.hq; ++h) {
+        double sum = 0.0;
+        for (int64_t bi = 0; bi < g.b; ++bi)
+          for (int64_t i = 0; i < g.len_q(bi); ++i) {
+            const int64_t si = g.stat_index(bi, h, i);
+            if (c.alpha) sum -= std::exp(double(c.alpha[h]) - double(c.lse[si])) * double(drow[size_t(si)]);
+          }
+        da[h] = float(sum);
+      }
+    }
+    return nullptr;
+  } catch (const std::exception& e) {
+    return Status(f, TEFL_INTERNAL, e.what());
+  } catch (...) {
+    return Status(f, TEFL_INTERNAL, "unknown exception");
+  }
+}
+
+}  // namespace
+
+tefl_status* RegisterPortableAttention(const tefl_registrar& registrar) {
+  static constexpr KernelEntry kEntries[] = {{"fused_attn_fwd", AttnFwd}, {"fused_attn_bwd", AttnBwd}};
+  return RegisterCpuKernels(registrar, "default.portable", TEFL_KIND_DEFAULT, kEntries);
+}
 
 }  // namespace tefl::backends
+#endif  // HWY_ONCE
