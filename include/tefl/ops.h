@@ -304,6 +304,41 @@ TEFL_STATIC_ASSERT(offsetof(tefl_attention_attrs, offset) == 48, "append-only");
 
 /* ---- quantization attribute structs ---- */
 
+/* FP8 formats (the recipes' fp8_format attribute; quantize and the fused
+ * variants take the format from the output's dtype instead). */
+typedef enum tefl_fp8_format { TEFL_FP8_E4M3 = 0, TEFL_FP8_E5M2 = 1 } tefl_fp8_format;
+
+/* compute_scale_from_amax (current scaling). Defaults: E4M3, epsilon 0,
+ * force_pow_2_scales 0. Per element: a = max(amax, epsilon); scale =
+ * fp8_max / a, 1 when a is 0, inf or NaN, FLT_MAX when the quotient is inf;
+ * with force_pow_2_scales the scale's float bits are masked with 0xFF800000
+ * (rounded down to a power of two). scale_inv = 1 / scale. */
+typedef struct tefl_compute_scale_attrs {
+  size_t struct_size;
+  int32_t fp8_format; /* tefl_fp8_format */
+  float epsilon;
+  int32_t force_pow_2_scales;
+} tefl_compute_scale_attrs;
+TEFL_STATIC_ASSERT(offsetof(tefl_compute_scale_attrs, fp8_format) == 8, "append-only");
+TEFL_STATIC_ASSERT(offsetof(tefl_compute_scale_attrs, epsilon) == 12, "append-only");
+TEFL_STATIC_ASSERT(offsetof(tefl_compute_scale_attrs, force_pow_2_scales) == 16, "append-only");
+#define TEFL_COMPUTE_SCALE_ATTRS_STRUCT_SIZE TEFL_STRUCT_SIZE(tefl_compute_scale_attrs, force_pow_2_scales)
+
+/* fused_amax_and_scale_update_after_reduction (delayed scaling).
+ * amax_compute_algo: 0 = max over the history, 1 = most recent (row 0).
+ * Defaults: max, E4M3, margin 0. */
+typedef enum tefl_amax_compute_algo { TEFL_AMAX_ALGO_MAX = 0, TEFL_AMAX_ALGO_MOST_RECENT = 1 } tefl_amax_compute_algo;
+typedef struct tefl_delayed_scaling_attrs {
+  size_t struct_size;
+  int32_t amax_compute_algo; /* tefl_amax_compute_algo */
+  int32_t fp8_format;        /* tefl_fp8_format */
+  float margin;
+} tefl_delayed_scaling_attrs;
+TEFL_STATIC_ASSERT(offsetof(tefl_delayed_scaling_attrs, amax_compute_algo) == 8, "append-only");
+TEFL_STATIC_ASSERT(offsetof(tefl_delayed_scaling_attrs, fp8_format) == 12, "append-only");
+TEFL_STATIC_ASSERT(offsetof(tefl_delayed_scaling_attrs, margin) == 16, "append-only");
+#define TEFL_DELAYED_SCALING_ATTRS_STRUCT_SIZE TEFL_STRUCT_SIZE(tefl_delayed_scaling_attrs, margin)
+
 /* ---- end quantization attribute structs ---- */
 
 /* ---- GEMM attribute structs ---- */

@@ -37,6 +37,8 @@
 #include <hwy/cache_control.h>
 
 #include <algorithm>
+#include <atomic>
+#include <bit>
 #include <cfloat>
 #include <cstddef>
 #include <cstdint>
@@ -49,6 +51,7 @@
 #include "backends/backends.h"
 #include "backends/kernel_support.h"
 #include "core/dtype.h"
+#include "core/fp8.h"
 #include "tefl/ops.h"
 #include "tefl/tefl.h"
 
@@ -88,6 +91,12 @@ struct Job {
   int64_t blocks;
   float* acc;
   double* partial;
+  // Gated FP8 outputs (glu_fp8 ... clamped_swiglu_fp8): y is FP8 of format
+  // fmt, y = fp8(act(a) gate(b) * scale); max |act(a) gate(b)| is folded into
+  // *amax_bits (max of |bits|).
+  Fp8Format fmt;
+  float scale;
+  std::atomic<uint32_t>* amax_bits;
 };
 
 }  // namespace
@@ -99,6 +108,7 @@ struct Job {
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
+#include "backends/portable/fp8_io-inl.h"
 #include "backends/portable/simd_io-inl.h"
 
 // ---- Per-target kernels ------------------------------------------------------
@@ -675,6 +685,60 @@ HWY_INLINE void ItemsOfKind(const Job& j, int64_t begin, int64_t end) {
   }
 }
 
+// ---- Gated FP8 outputs ----------------------------------------------------------
+// Rows [r0, r1): kTile-element tiles of a and b as fp32, the gated product
+// into an fp32 tile by SpanGatedFwd (the same maths as the non-FP8 op), then
+// quantized by fp8_io-inl.h; one atomic amax update per chunk.
+template <Fp8Format kF, class Fn>
+HWY_NOINLINE void GatedFp8Rows(const Fn& fn, const Job& j, int64_t r0, int64_t r1) {
+  HWY_ALIGN float ba[kTile], bb[kTile], by[kTile];
+  const size_t h = size_t(j.h);
+  uint8_t* q = static_cast<uint8_t*>(j.y);
+  uint32_t m = 0;
+  for (int64_t r = r0; r < r1; ++r) {
+    const size_t xa = size_t(r) * 2 * h, xb = xa + h;
+    for (size_t c = 0; c < h; c += kTile) {
+      const size_t mm = std::min(kTile, h - c);
+      ToF32(j.x, j.tx, xa + c, ba, mm);
+      ToF32(j.x, j.tx, xb + c, bb, mm);
+      SpanGatedFwd(fn, ba, bb, by, mm, false);
+      m = QuantizeSpan<kF, float>(by, q + size_t(r) * h + c, mm, j.scale, m);
+    }
+  }
+  uint32_t cur = j.amax_bits->load(std::memory_order_relaxed);
+  while (m > cur && !j.amax_bits->compare_exchange_weak(cur, m, std::memory_order_relaxed)) {
+  }
+}
+
+template <class Fn>
+HWY_INLINE void GatedFp8RowsOf(const Fn& fn, const Job& j, int64_t r0, int64_t r1) {
+  if (j.fmt == Fp8Format::kE4M3) {
+    GatedFp8Rows<Fp8Format::kE4M3>(fn, j, r0, r1);
+  } else {
+    GatedFp8Rows<Fp8Format::kE5M2>(fn, j, r0, r1);
+  }
+}
+
+// Exported: rows [begin, end) of a gated FP8-output call.
+void GatedFp8Items(const Job& j, int64_t begin, int64_t end) {
+  switch (j.act) {
+    case Act::kGelu:
+      return GatedFp8RowsOf(GeluFn(), j, begin, end);
+    case Act::kQGelu:
+      return GatedFp8RowsOf(SigmoidLinearFn{{}, 1.702f}, j, begin, end);
+    case Act::kRelu:
+      return GatedFp8RowsOf(ReluFn(), j, begin, end);
+    case Act::kSrelu:
+      return GatedFp8RowsOf(SreluFn(), j, begin, end);
+    case Act::kSilu:
+      return GatedFp8RowsOf(SigmoidLinearFn{{}, 1.0f}, j, begin, end);
+    case Act::kGlu:
+      return GatedFp8RowsOf(GluFn(), j, begin, end);
+    case Act::kClamped:
+      return GatedFp8RowsOf(ClampedFn{j.limit, j.alpha}, j, begin, end);
+  }
+}
+
 // Exported: work items [begin, end) of a call.
 void ActivationItems(const Job& j, int64_t begin, int64_t end) {
   switch (j.kind) {
@@ -699,6 +763,7 @@ HWY_AFTER_NAMESPACE();
 namespace tefl::backends {
 
 HWY_EXPORT(ActivationItems);
+HWY_EXPORT(GatedFp8Items);
 
 namespace {
 
@@ -793,6 +858,55 @@ tefl_status* Kernel(const tefl_call_frame* f, void*) {
   }
 }
 
+void Fp8Body(void* ctx, int64_t begin, int64_t end) {
+  HWY_DYNAMIC_DISPATCH(GatedFp8Items)(*static_cast<const Job*>(ctx), begin, end);
+}
+
+// glu_fp8 ... clamped_swiglu_fp8: in (input[N.., 2H], scale) -> out
+// (output[N.., H] FP8, amax, scale_inv).
+template <Act kAct>
+tefl_status* GatedFp8Kernel(const tefl_call_frame* f, void*) {
+  try {
+    const DLTensor* x = f->inputs[0];
+    DLTensor* y = f->outputs[0];
+    Job j{};
+    j.kind = Kind::kGatedFwd;
+    j.act = kAct;
+    j.tx = DTypeOf(x->dtype);
+    j.tg = j.tx;
+    j.ty = DTypeOf(y->dtype);
+    if (!IsFloatType(j.tx) || (j.ty != DType::kE4M3 && j.ty != DType::kE5M2))
+      return Status(f, TEFL_UNSUPPORTED, "input must be fp32/fp16/bf16 and output E4M3/E5M2");
+    j.x = DataPtr(x);
+    j.y = DataPtr(y);
+    j.rows = LeadingRows(x);
+    j.h = x->shape[x->ndim - 1] / 2;
+    j.n = j.rows * j.h;
+    if (kAct == Act::kClamped) {
+      const auto* attrs = static_cast<const tefl_clamped_swiglu_attrs*>(f->attrs);
+      j.limit = attrs->limit;
+      j.alpha = attrs->alpha;
+    }
+    std::atomic<uint32_t> amax_bits{0};
+    j.fmt = j.ty == DType::kE4M3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2;
+    j.scale = *static_cast<const float*>(DataPtr(f->inputs[1]));
+    j.amax_bits = &amax_bits;
+    if (j.n > 0) {
+      const int64_t grain = std::max<int64_t>(1, (int64_t(8) << 10) / std::max<int64_t>(1, j.h));
+      f->host->parallel_for(j.rows, grain, Fp8Body, &j);
+    }
+    const uint32_t bits = amax_bits.load();
+    *static_cast<float*>(DataPtr(f->outputs[1])) =
+        bits > 0x7F800000u ? std::bit_cast<float>(0x7FC00000u) : std::bit_cast<float>(bits);
+    *static_cast<float*>(DataPtr(f->outputs[2])) = 1.0f / j.scale;
+    return nullptr;
+  } catch (const std::exception& e) {
+    return Status(f, TEFL_INTERNAL, e.what());
+  } catch (...) {
+    return Status(f, TEFL_INTERNAL, "unknown exception");
+  }
+}
+
 }  // namespace
 
 tefl_status* RegisterPortableActivation(const tefl_registrar& registrar) {
@@ -826,6 +940,13 @@ tefl_status* RegisterPortableActivation(const tefl_registrar& registrar) {
       {"dbias_drelu", Kernel<Kind::kDbias, Act::kRelu>},
       {"dbias_dqgelu", Kernel<Kind::kDbias, Act::kQGelu>},
       {"dbias_dsrelu", Kernel<Kind::kDbias, Act::kSrelu>},
+      {"glu_fp8", GatedFp8Kernel<Act::kGlu>},
+      {"geglu_fp8", GatedFp8Kernel<Act::kGelu>},
+      {"qgeglu_fp8", GatedFp8Kernel<Act::kQGelu>},
+      {"reglu_fp8", GatedFp8Kernel<Act::kRelu>},
+      {"sreglu_fp8", GatedFp8Kernel<Act::kSrelu>},
+      {"swiglu_fp8", GatedFp8Kernel<Act::kSilu>},
+      {"clamped_swiglu_fp8", GatedFp8Kernel<Act::kClamped>},
   };
   return RegisterCpuKernels(registrar, "default.portable", TEFL_KIND_DEFAULT, kEntries);
 }

@@ -26,6 +26,8 @@
 #include <hwy/cache_control.h>
 
 #include <algorithm>
+#include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -39,6 +41,7 @@
 #include "backends/backends.h"
 #include "backends/kernel_support.h"
 #include "core/dtype.h"
+#include "core/fp8.h"
 #include "tefl/ops.h"
 #include "tefl/tefl.h"
 
@@ -62,6 +65,12 @@ struct FwdArgs {
   float* mu;  // NULL for RMSNorm
   float* rsigma;
   bool stream;  // non-temporal z stores (large outputs, aligned rows)
+  // rmsnorm_fwd_fp8 / layernorm_fwd_fp8: z is FP8 (fp8 set): z = fp8(z32 *
+  // scale), amax = max |z32| folded into *amax_bits (max of |bits|).
+  bool fp8;
+  Fp8Format fmt;
+  float scale;
+  std::atomic<uint32_t>* amax_bits;
 };
 
 // One backward call. add is NULL except for rmsnorm_bwd_add; mu is NULL for
@@ -88,6 +97,7 @@ struct BwdArgs {
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
+#include "backends/portable/fp8_io-inl.h"
 #include "backends/portable/simd_io-inl.h"
 
 // ---- Per-target kernels ------------------------------------------------------
@@ -358,8 +368,91 @@ HWY_INLINE void FwdRowsX(const FwdArgs& a, int64_t r0, int64_t r1) {
   }
 }
 
+// FP8 output: the statistics and z as FwdRowsT (fp32 z), then z * scale
+// encoded with fp8_io-inl.h and |z| folded into the amax; one atomic max per
+// chunk of rows.
+template <bool kLayerNorm, Fp8Format kF, class TX>
+HWY_NOINLINE void FwdRowsFp8T(const FwdArgs& a, int64_t r0, int64_t r1) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const size_t nf = hn::Lanes(df);
+  const size_t h = size_t(a.h);
+  const float* HWY_RESTRICT g = a.g;
+  const float* HWY_RESTRICT b = a.b;
+  const auto vscale = hn::Set(df, a.scale);
+  auto vmax = hn::Zero(du);
+  uint32_t smax = 0;
+  for (int64_t r = r0; r < r1; ++r) {
+    const TX* HWY_RESTRICT x = static_cast<const TX*>(a.x) + size_t(r) * h;
+    uint8_t* HWY_RESTRICT z = static_cast<uint8_t*>(a.z) + size_t(r) * h;
+    double mean = 0.0, var;
+    if (kLayerNorm) {
+      RowMeanVar(x, h, mean, var);
+    } else {
+      var = RowSumSq(x, h) / double(h);
+    }
+    const float mu_f = float(mean);
+    const float rs_f = float(1.0 / std::sqrt(var + a.eps));
+    if (kLayerNorm) a.mu[r] = mu_f;
+    a.rsigma[r] = rs_f;
+    const TX* HWY_RESTRICT next = r + 1 < r1 ? x + h : x;
+    const auto vmu = hn::Set(df, mu_f);
+    const auto vrs = hn::Set(df, rs_f);
+    size_t i = 0;
+    for (; i + nf <= h; i += nf) {
+      __builtin_prefetch(next + i, 0, 2);
+      const auto xc = Center<kLayerNorm>(LoadF(df, x + i), vmu);
+      const auto gs = hn::Mul(vrs, hn::LoadU(df, g + i));
+      const auto zv = kLayerNorm ? hn::MulAdd(xc, gs, hn::LoadU(df, b + i)) : hn::Mul(xc, gs);
+      vmax = hn::Max(vmax, AbsBits(df, zv));
+      StoreFp8<kF>(df, hn::Mul(zv, vscale), z + i);
+    }
+    for (; i < h; ++i) {
+      float zv = (kLayerNorm ? ScalarLoad(x + i) - mu_f : ScalarLoad(x + i)) * (rs_f * g[i]);
+      if (kLayerNorm) zv += b[i];
+      const uint32_t ab = ScalarAbsBits(zv);
+      smax = ab > smax ? ab : smax;
+      z[i] = FloatToFp8(zv * a.scale, kF);
+    }
+  }
+  uint32_t m = ReduceAmaxBits(du, vmax);
+  m = smax > m ? smax : m;
+  uint32_t cur = a.amax_bits->load(std::memory_order_relaxed);
+  while (m > cur && !a.amax_bits->compare_exchange_weak(cur, m, std::memory_order_relaxed)) {
+  }
+}
+
+template <bool kLayerNorm, Fp8Format kF>
+HWY_INLINE void FwdRowsFp8X(const FwdArgs& a, int64_t r0, int64_t r1) {
+  switch (a.tx) {
+    case DType::kF32:
+      return FwdRowsFp8T<kLayerNorm, kF, float>(a, r0, r1);
+    case DType::kBF16:
+      return FwdRowsFp8T<kLayerNorm, kF, bfloat16_t>(a, r0, r1);
+    default:
+      return FwdRowsFp8T<kLayerNorm, kF, float16_t>(a, r0, r1);
+  }
+}
+
+template <bool kLayerNorm>
+HWY_INLINE void FwdRowsFp8(const FwdArgs& a, int64_t r0, int64_t r1) {
+  if (a.fmt == Fp8Format::kE4M3) {
+    FwdRowsFp8X<kLayerNorm, Fp8Format::kE4M3>(a, r0, r1);
+  } else {
+    FwdRowsFp8X<kLayerNorm, Fp8Format::kE5M2>(a, r0, r1);
+  }
+}
+
 // Exported: forward rows [r0, r1).
 void NormFwdRows(const FwdArgs& a, int64_t r0, int64_t r1) {
+  if (a.fp8) {
+    if (a.layernorm) {
+      FwdRowsFp8<true>(a, r0, r1);
+    } else {
+      FwdRowsFp8<false>(a, r0, r1);
+    }
+    return;
+  }
   if (a.layernorm) {
     FwdRowsX<true>(a, r0, r1);
   } else {
@@ -531,7 +624,9 @@ void FwdBody(void* ctx, int64_t begin, int64_t end) {
   HWY_DYNAMIC_DISPATCH(NormFwdRows)(*static_cast<const FwdArgs*>(ctx), begin, end);
 }
 
-tefl_status* NormFwd(const tefl_call_frame* f, bool layernorm) {
+// fp8: rmsnorm_fwd_fp8 / layernorm_fwd_fp8 (scale after the base inputs;
+// amax and scale_inv after the base outputs).
+tefl_status* NormFwd(const tefl_call_frame* f, bool layernorm, bool fp8 = false) {
   try {
     const DLTensor* x = f->inputs[0];
     const DLTensor* gamma = f->inputs[1];
@@ -543,12 +638,31 @@ tefl_status* NormFwd(const tefl_call_frame* f, bool layernorm) {
 
     const DType tx = DTypeOf(x->dtype), tz = DTypeOf(z->dtype), tg = DTypeOf(gamma->dtype);
     const DType tb = beta ? DTypeOf(beta->dtype) : DType::kF32;
-    if (!IsFloatType(tx) || !IsFloatType(tz) || !IsFloatType(tg) || !IsFloatType(tb))
-      return Status(f, TEFL_UNSUPPORTED, "dtypes other than fp32/fp16/bf16");
+    const bool z_ok = fp8 ? (tz == DType::kE4M3 || tz == DType::kE5M2) : IsFloatType(tz);
+    if (!IsFloatType(tx) || !z_ok || !IsFloatType(tg) || !IsFloatType(tb))
+      return Status(f, TEFL_UNSUPPORTED, "dtypes other than fp32/fp16/bf16 (z: E4M3/E5M2 for the FP8 variants)");
+
+    std::atomic<uint32_t> amax_bits{0};
+    float scale = 1.0f;
+    if (fp8) {
+      scale = *static_cast<const float*>(DataPtr(f->inputs[layernorm ? 3 : 2]));
+      const int tail = layernorm ? 3 : 2;
+      // Written last, after the rows (amax) or now (scale_inv: no row reads it).
+      *static_cast<float*>(DataPtr(f->outputs[tail + 1])) = 1.0f / scale;
+    }
+    const auto write_amax = [&] {
+      if (!fp8) return;
+      const uint32_t bits = amax_bits.load();
+      *static_cast<float*>(DataPtr(f->outputs[layernorm ? 3 : 2])) =
+          bits > 0x7F800000u ? std::bit_cast<float>(0x7FC00000u) : std::bit_cast<float>(bits);
+    };
 
     const int64_t h = x->shape[x->ndim - 1];
     const int64_t rows = LeadingRows(x);
-    if (rows == 0) return nullptr;
+    if (rows == 0) {
+      write_amax();
+      return nullptr;
+    }
 
     // gamma (+1) and beta as fp32, once per call.
     std::vector<float> gb(size_t(layernorm ? 2 : 1) * size_t(h));
@@ -567,14 +681,20 @@ tefl_status* NormFwd(const tefl_call_frame* f, bool layernorm) {
     a.b = beta ? gb.data() + h : nullptr;
     a.mu = mu ? static_cast<float*>(DataPtr(mu)) : nullptr;
     a.rsigma = static_cast<float*>(DataPtr(rsigma));
+    a.fp8 = fp8;
+    a.fmt = tz == DType::kE4M3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2;
+    a.scale = scale;
+    a.amax_bits = &amax_bits;
     // Streaming needs every row start aligned to the widest vector (64 bytes
     // covers every x86 target), which also makes h a multiple of the lanes.
-    const int64_t row_bytes = h * int64_t(FloatElemSize(tz));
-    a.stream = rows * row_bytes >= kStreamMinBytes && row_bytes % 64 == 0 && reinterpret_cast<uintptr_t>(a.z) % 64 == 0;
+    const int64_t row_bytes = h * int64_t(fp8 ? 1 : FloatElemSize(tz));
+    a.stream = !fp8 && rows * row_bytes >= kStreamMinBytes && row_bytes % 64 == 0 &&
+               reinterpret_cast<uintptr_t>(a.z) % 64 == 0;
 
     // Chunks of at least ~64 KiB of x keep the fork-join overhead small.
     const int64_t grain = std::max<int64_t>(1, (int64_t(16) << 10) / h);
     f->host->parallel_for(rows, grain, FwdBody, &a);
+    write_amax();
     return nullptr;
   } catch (const std::exception& e) {
     return Status(f, TEFL_INTERNAL, e.what());
@@ -683,6 +803,8 @@ tefl_status* NormBwd(const tefl_call_frame* f, int kind) {
 
 tefl_status* LayerNormFwdKernel(const tefl_call_frame* f, void*) { return NormFwd(f, true); }
 tefl_status* RmsNormFwdKernel(const tefl_call_frame* f, void*) { return NormFwd(f, false); }
+tefl_status* LayerNormFwdFp8Kernel(const tefl_call_frame* f, void*) { return NormFwd(f, true, true); }
+tefl_status* RmsNormFwdFp8Kernel(const tefl_call_frame* f, void*) { return NormFwd(f, false, true); }
 tefl_status* LayerNormBwdKernel(const tefl_call_frame* f, void*) { return NormBwd(f, 0); }
 tefl_status* RmsNormBwdKernel(const tefl_call_frame* f, void*) { return NormBwd(f, 1); }
 tefl_status* RmsNormBwdAddKernel(const tefl_call_frame* f, void*) { return NormBwd(f, 2); }
@@ -691,9 +813,13 @@ tefl_status* RmsNormBwdAddKernel(const tefl_call_frame* f, void*) { return NormB
 
 tefl_status* RegisterPortableNormalization(const tefl_registrar& registrar) {
   static constexpr KernelEntry kEntries[] = {
-      {"layernorm_fwd", LayerNormFwdKernel},    {"layernorm_bwd", LayerNormBwdKernel},
-      {"rmsnorm_fwd", RmsNormFwdKernel},        {"rmsnorm_bwd", RmsNormBwdKernel},
+      {"layernorm_fwd", LayerNormFwdKernel},
+      {"layernorm_bwd", LayerNormBwdKernel},
+      {"rmsnorm_fwd", RmsNormFwdKernel},
+      {"rmsnorm_bwd", RmsNormBwdKernel},
       {"rmsnorm_bwd_add", RmsNormBwdAddKernel},
+      {"rmsnorm_fwd_fp8", RmsNormFwdFp8Kernel},
+      {"layernorm_fwd_fp8", LayerNormFwdFp8Kernel},
   };
   return RegisterCpuKernels(registrar, "default.portable", TEFL_KIND_DEFAULT, kEntries);
 }
