@@ -518,20 +518,39 @@ TEST(GemmLayout, TransformerEngineCallsMapToRowMajor) {
 
 // ---- NaN and Inf ---------------------------------------------------------------
 TEST(GemmConformanceSpecial, NanAndInfPropagate) {
+  // 40 x 33 x 37: large enough for default.portable's bf16 dot-product path.
+  const int64_t m = 40, n = 33, k = 37;
   for (DType t : {DType::kF32, DType::kBF16}) {
-    Problem p = MakeGemm({t, t, t}, kEpilogues[2], 9, 13, 21, false, true, "naninf");
-    p.in[kA]->set(2 * 21 + 4, std::nan(""));                             // row 2 of D: NaN
-    p.in[kB]->set(5 * 21 + 3, std::numeric_limits<double>::infinity());  // column 5: +-inf or NaN
-    p.in[kBias]->set(11, -std::numeric_limits<double>::infinity());      // column 11: -inf (gelu(-inf) NaN)
-    p.magnitude = MagnitudeOf(p, 9, 13, 21);
+    Problem p = MakeGemm({t, t, t}, kEpilogues[2], m, n, k, false, true, "naninf");
+    p.in[kA]->set(2 * k + 4, std::nan(""));                             // row 2 of D: NaN
+    p.in[kB]->set(5 * k + 3, std::numeric_limits<double>::infinity());  // column 5: +-inf or NaN
+    p.in[kBias]->set(11, -std::numeric_limits<double>::infinity());     // column 11: -inf (gelu(-inf) NaN)
+    p.magnitude = MagnitudeOf(p, m, n, k);
     for (double& v : p.magnitude)
       if (!std::isfinite(v)) v = 0;
     CheckAll(p);
     Problem ref = p;
     ASSERT_TRUE(ref.Run(kReference).ok());
-    for (int64_t j = 0; j < 13; ++j) EXPECT_TRUE(std::isnan(ref.out[kD]->at(2 * 13 + j))) << j;
-    EXPECT_FALSE(std::isfinite(ref.out[kPreGelu]->at(0 * 13 + 5)));
+    for (int64_t j = 0; j < n; ++j) EXPECT_TRUE(std::isnan(ref.out[kD]->at(2 * n + j))) << j;
+    EXPECT_FALSE(std::isfinite(ref.out[kPreGelu]->at(0 * n + 5)));
+    EXPECT_FALSE(std::isfinite(ref.out[kPreGelu]->at(0 * n + 11)));
   }
+}
+
+// bf16 subnormal inputs count (the vdpbf16ps path would read them as 0, so
+// default.portable falls back to the exact path when it sees one).
+TEST(GemmConformanceSpecial, SubnormalBf16Inputs) {
+  const int64_t m = 40, n = 48, k = 40;
+  Problem p = MakeGemm({DType::kBF16, DType::kBF16, DType::kF32}, kEpilogues[0], m, n, k, false, false, "subn");
+  for (int64_t i = 0; i < m * k; ++i) p.in[kA]->set(i, p.in[kA]->at(i) * 1e-39);  // subnormal in bf16
+  for (int64_t i = 0; i < k * n; ++i) p.in[kB]->set(i, p.in[kB]->at(i) * 1e38);
+  p.magnitude = MagnitudeOf(p, m, n, k);
+  CheckAll(p);
+  Problem ref = p;
+  ASSERT_TRUE(ref.Run(kReference).ok());
+  double sum = 0;
+  for (int64_t i = 0; i < m * n; ++i) sum += std::fabs(ref.out[kD]->at(i));
+  EXPECT_GT(sum, 1.0) << "the products of subnormal A and large B are not negligible";
 }
 
 // ---- te_general_grouped_gemm ------------------------------------------------------

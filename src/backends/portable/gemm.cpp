@@ -24,6 +24,7 @@
 // therefore safe (and serialised in their sgemm part; the conversions and
 // epilogues run concurrently).
 #include <cblas.h>
+#include <immintrin.h>
 
 #include <algorithm>
 #include <atomic>
@@ -150,14 +151,227 @@ void Sgemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, int
               blasint(k), alpha, a, blasint(ta ? m : k), b, blasint(tb ? k : n), beta, c, blasint(n));
 }
 
+// ---- bf16 x bf16 on AVX512-BF16 (vdpbf16ps) ---------------------------------------
+// torch's CPU bf16 matmul (oneDNN) runs on vdpbf16ps, twice the fp32 FMA rate;
+// converting to fp32 for sgemm cannot match it. This path packs op(A) and
+// op(B) into K-pair-interleaved panels and runs an 8 x 32 register-tile
+// micro-kernel: each vdpbf16ps lane adds a[k] b[k] + a[k+1] b[k+1] (products
+// exact in fp32, sums rounded to nearest even: the error bound of any fp32
+// summation order). vdpbf16ps treats subnormal inputs as zero, so packing
+// looks for subnormal bf16 values and the call falls back to the exact
+// sgemm path when there is one. Used when the CPU has avx512_bf16 and the
+// GEMM has at least kBf16MinWork multiply-adds.
+constexpr int kMR = 8, kNR = 32;     // register tile: 8 rows x 32 columns (2 zmm)
+constexpr int64_t kGroupPanels = 4;  // column panels per task (B slice stays in L2)
+constexpr int64_t kSuperRows = 64;   // rows per task (8 tiles)
+constexpr int64_t kBf16MinWork = 32 * 32 * 32;
+
+bool CpuHasBf16Dot() {
+  static const bool has =
+      __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+  return has;
+}
+
+bool IsSubnormalBf16(uint16_t h) { return (h & 0x7F80u) == 0 && (h & 0x7Fu) != 0; }
+
+struct Bf16Job {
+  int64_t m, n, k, kp;  // kp = K pairs (K rounded up to even / 2)
+  bool transa, transb;
+  const uint16_t* a;
+  const uint16_t* b;
+  uint32_t* ap;  // [ceil(M / kMR)][kp][kMR] pairs
+  uint32_t* bp;  // [ceil(N / kNR)][kp][kNR] pairs
+  float alpha, beta;
+  float* c;  // [M, N] fp32; beta != 0: holds Cterm
+  int64_t m_blocks, n_panels, m_supers, n_groups;
+};
+
+// Element (i, kk) of op(A) and (kk, j) of op(B) as bf16 bits; 0 outside.
+uint16_t ElemA(const Bf16Job& g, int64_t i, int64_t kk) {
+  if (i >= g.m || kk >= g.k) return 0;
+  return g.transa ? g.a[kk * g.m + i] : g.a[i * g.k + kk];
+}
+uint16_t ElemB(const Bf16Job& g, int64_t kk, int64_t j) {
+  if (j >= g.n || kk >= g.k) return 0;
+  return g.transb ? g.b[j * g.k + kk] : g.b[kk * g.n + j];
+}
+
+void PackABody(void* ctx, int64_t begin, int64_t end) {
+  const auto& g = *static_cast<const Bf16Job*>(ctx);
+  const int64_t full_p = g.k / 2;  // pairs inside K
+  for (int64_t blk = begin; blk < end; ++blk) {
+    uint32_t* dst = g.ap + size_t(blk) * size_t(g.kp) * kMR;
+    int64_t p0 = 0;
+    if ((blk + 1) * kMR <= g.m) {  // a full block: straight copies
+      if (!g.transa) {
+        for (int r = 0; r < kMR; ++r) {
+          const uint16_t* row = g.a + (blk * kMR + r) * g.k;
+          for (int64_t p = 0; p < full_p; ++p) std::memcpy(&dst[p * kMR + r], row + 2 * p, 4);
+        }
+      } else {
+        for (int64_t p = 0; p < full_p; ++p) {
+          const uint16_t* r0 = g.a + 2 * p * g.m + blk * kMR;
+          const uint16_t* r1 = r0 + g.m;
+          for (int r = 0; r < kMR; ++r) dst[p * kMR + r] = uint32_t(r0[r]) | (uint32_t(r1[r]) << 16);
+        }
+      }
+      p0 = full_p;
+    }
+    for (int64_t p = p0; p < g.kp; ++p)
+      for (int r = 0; r < kMR; ++r)
+        dst[p * kMR + r] =
+            uint32_t(ElemA(g, blk * kMR + r, 2 * p)) | (uint32_t(ElemA(g, blk * kMR + r, 2 * p + 1)) << 16);
+  }
+}
+
+void PackBBody(void* ctx, int64_t begin, int64_t end) {
+  const auto& g = *static_cast<const Bf16Job*>(ctx);
+  const int64_t full_p = g.k / 2;
+  for (int64_t pan = begin; pan < end; ++pan) {
+    uint32_t* dst = g.bp + size_t(pan) * size_t(g.kp) * kNR;
+    int64_t p0 = 0;
+    if ((pan + 1) * kNR <= g.n) {  // a full panel
+      if (!g.transb) {
+        for (int64_t p = 0; p < full_p; ++p) {
+          const uint16_t* r0 = g.b + 2 * p * g.n + pan * kNR;
+          const uint16_t* r1 = r0 + g.n;
+          for (int j = 0; j < kNR; ++j) dst[p * kNR + j] = uint32_t(r0[j]) | (uint32_t(r1[j]) << 16);
+        }
+      } else {
+        for (int j = 0; j < kNR; ++j) {
+          const uint16_t* col = g.b + (pan * kNR + j) * g.k;
+          for (int64_t p = 0; p < full_p; ++p) std::memcpy(&dst[p * kNR + j], col + 2 * p, 4);
+        }
+      }
+      p0 = full_p;
+    }
+    for (int64_t p = p0; p < g.kp; ++p)
+      for (int j = 0; j < kNR; ++j)
+        dst[p * kNR + j] =
+            uint32_t(ElemB(g, 2 * p, pan * kNR + j)) | (uint32_t(ElemB(g, 2 * p + 1, pan * kNR + j)) << 16);
+  }
+}
+
+// C[rows, cols] (ld ldc) = alpha * (A tile . B panel) + beta * C.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void Bf16Tile(const uint32_t* ap, const uint32_t* bp,
+                                                                              int64_t kp, float* c, int64_t ldc,
+                                                                              int rows, int cols, float alpha,
+                                                                              float beta) {
+  // 16 named accumulators: an array indexed in a loop would live on the stack.
+  __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00;
+  __m512 c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00;
+  for (int64_t p = 0; p < kp; ++p) {
+    const __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + p * kNR);
+    const __m512bh b1 = (__m512bh)_mm512_loadu_si512(bp + p * kNR + 16);
+    const uint32_t* a = ap + p * kMR;
+#define TEFL_BF16_ROW(r)                                        \
+  {                                                             \
+    const __m512bh av = (__m512bh)_mm512_set1_epi32(int(a[r])); \
+    c##r##0 = _mm512_dpbf16_ps(c##r##0, av, b0);                \
+    c##r##1 = _mm512_dpbf16_ps(c##r##1, av, b1);                \
+  }
+    TEFL_BF16_ROW(0)
+    TEFL_BF16_ROW(1)
+    TEFL_BF16_ROW(2)
+    TEFL_BF16_ROW(3)
+    TEFL_BF16_ROW(4)
+    TEFL_BF16_ROW(5)
+    TEFL_BF16_ROW(6)
+    TEFL_BF16_ROW(7)
+#undef TEFL_BF16_ROW
+  }
+  const __m512 acc[kMR][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31},
+                              {c40, c41}, {c50, c51}, {c60, c61}, {c70, c71}};
+  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  const __mmask16 m0 = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
+  const __mmask16 m1 = cols >= 32 ? __mmask16(0xFFFF) : cols <= 16 ? __mmask16(0) : __mmask16((1u << (cols - 16)) - 1);
+  for (int r = 0; r < rows; ++r) {
+    float* row = c + r * ldc;
+    __m512 v0 = _mm512_mul_ps(acc[r][0], va), v1 = _mm512_mul_ps(acc[r][1], va);
+    if (beta != 0.0f) {
+      v0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m0, row), vb, v0);
+      v1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m1, row + 16), vb, v1);
+    }
+    _mm512_mask_storeu_ps(row, m0, v0);
+    _mm512_mask_storeu_ps(row + 16, m1, v1);
+  }
+}
+
+// One task: kSuperRows rows x kGroupPanels panels; tasks of one column group
+// are consecutive, so a thread's range shares its B slice.
+void Bf16ComputeBody(void* ctx, int64_t begin, int64_t end) {
+  const auto& g = *static_cast<const Bf16Job*>(ctx);
+  const int64_t blocks_per_super = kSuperRows / kMR;
+  for (int64_t t = begin; t < end; ++t) {
+    const int64_t grp = t / g.m_supers, sup = t % g.m_supers;
+    const int64_t p0 = grp * kGroupPanels, p1 = std::min(g.n_panels, p0 + kGroupPanels);
+    const int64_t b0 = sup * blocks_per_super, b1 = std::min(g.m_blocks, b0 + blocks_per_super);
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      const uint32_t* ap = g.ap + size_t(blk) * size_t(g.kp) * kMR;
+      const int rows = int(std::min<int64_t>(kMR, g.m - blk * kMR));
+      for (int64_t pan = p0; pan < p1; ++pan) {
+        const int cols = int(std::min<int64_t>(kNR, g.n - pan * kNR));
+        Bf16Tile(ap, g.bp + size_t(pan) * size_t(g.kp) * kNR, g.kp, g.c + blk * kMR * g.n + pan * kNR, g.n, rows, cols,
+                 g.alpha, g.beta);
+      }
+    }
+  }
+}
+
+// Whether n bf16 values hold a subnormal (vdpbf16ps would read it as 0).
+bool AnySubnormalBf16(const void* p, int64_t n) {
+  const auto* h = static_cast<const uint16_t*>(p);
+  bool any = false;
+  for (int64_t i = 0; i < n; ++i) any |= IsSubnormalBf16(h[i]);
+  return any;
+}
+
+// Words of packed operands for an M x N x K bf16 GEMM.
+size_t Bf16PackedWords(int64_t m, int64_t n, int64_t k) {
+  const size_t kp = size_t((k + 1) / 2);
+  return size_t((m + kMR - 1) / kMR) * kp * kMR + size_t((n + kNR - 1) / kNR) * kp * kNR;
+}
+
+// c = alpha * op(A) op(B) + beta * c with bf16 A, B (no subnormals); packed
+// must have Bf16PackedWords(m, n, k) words of capacity (no allocation here).
+void Bf16Gemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
+              const void* b, float beta, float* c, std::vector<uint32_t>& packed) {
+  Bf16Job g;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.kp = (k + 1) / 2;
+  g.transa = ta;
+  g.transb = tb;
+  g.a = static_cast<const uint16_t*>(a);
+  g.b = static_cast<const uint16_t*>(b);
+  g.alpha = alpha;
+  g.beta = beta;
+  g.c = c;
+  g.m_blocks = (m + kMR - 1) / kMR;
+  g.n_panels = (n + kNR - 1) / kNR;
+  g.m_supers = (m + kSuperRows - 1) / kSuperRows;
+  g.n_groups = (g.n_panels + kGroupPanels - 1) / kGroupPanels;
+  const size_t a_words = size_t(g.m_blocks) * size_t(g.kp) * kMR;
+  packed.resize(a_words + size_t(g.n_panels) * size_t(g.kp) * kNR);
+  g.ap = packed.data();
+  g.bp = packed.data() + a_words;
+  f->host->parallel_for(g.m_blocks, 1, PackABody, &g);
+  f->host->parallel_for(g.n_panels, 1, PackBBody, &g);
+  f->host->parallel_for(g.n_groups * g.m_supers, 1, Bf16ComputeBody, &g);
+}
+
 // ---- one GEMM: fp32 operands, any epilogue ---------------------------------------
 struct Gemm {
   int64_t m, n, k;
   bool transa, transb;
-  const float* a;  // compact fp32
+  const float* a;  // compact fp32 (NULL on the bf16 path)
   const float* b;
-  float alpha, beta;  // alpha with the FP8 scale_inv factors folded in
-  const void* c;      // Cterm source: C, or D's prior content (accumulate), or NULL
+  const void* a16;  // bf16 A and B for the vdpbf16ps path, else NULL
+  const void* b16;
+  std::vector<uint32_t>* packed;  // the bf16 path's packed operands (capacity reserved)
+  float alpha, beta;              // alpha with the FP8 scale_inv factors folded in
+  const void* c;                  // Cterm source: C, or D's prior content (accumulate), or NULL
   DType tc;
   const float* bias;  // [N] fp32 or NULL
   bool gelu;
@@ -222,6 +436,8 @@ void Run(const tefl_call_frame* f, const Gemm& g, std::vector<float>& scratch) {
   const float beta = has_c ? g.beta : 0.0f;
   if (g.k == 0 || g.alpha == 0.0f) {  // no product: acc = beta * Cterm
     for (int64_t i = 0; i < mn; ++i) acc[i] = beta == 0.0f ? 0.0f : beta * acc[i];
+  } else if (g.a16 != nullptr) {
+    Bf16Gemm(f, g.transa, g.transb, g.m, g.n, g.k, g.alpha, g.a16, g.b16, beta, acc, *g.packed);
   } else {
     Sgemm(f, g.transa, g.transb, g.m, g.n, g.k, g.alpha, g.a, g.b, beta, acc);
   }
@@ -230,6 +446,17 @@ void Run(const tefl_call_frame* f, const Gemm& g, std::vector<float>& scratch) {
     const int64_t grain = std::max<int64_t>(1, (int64_t(16) << 10) / g.n);
     f->host->parallel_for(g.m, grain, EpilogueBody, &e);
   }
+}
+
+// The vdpbf16ps path: bf16 A and B, a CPU with avx512_bf16, enough work, and
+// no subnormal input (the scan costs one read of A and B). `groups`: B holds
+// that many [K, N] matrices, A has rows = m_total (grouped GEMM).
+bool UseBf16Path(DType ta, DType tb, int64_t m, int64_t n, int64_t k, const void* a, const void* b, int64_t groups = 1,
+                 int64_t a_rows = -1) {
+  if (ta != DType::kBF16 || tb != DType::kBF16 || !CpuHasBf16Dot()) return false;
+  if (m * n * k < kBf16MinWork) return false;
+  const int64_t rows = a_rows >= 0 ? a_rows : m;
+  return !AnySubnormalBf16(a, rows * k) && !AnySubnormalBf16(b, groups * k * n);
 }
 
 // ---- generic_gemm ------------------------------------------------------------------
@@ -259,8 +486,11 @@ tefl_status* GenericGemm(const tefl_call_frame* f, void*) {
 
     // Everything that can fail (allocation) happens before D is written.
     std::vector<float> abuf, bbuf, biasbuf, scratch;
-    const float* a32 = AsF32(f, DataPtr(a), ta, m * k, abuf);
-    const float* b32 = AsF32(f, DataPtr(b), tb, k * n, bbuf);
+    std::vector<uint32_t> packed;
+    const bool bf16_path = UseBf16Path(ta, tb, m, n, k, DataPtr(a), DataPtr(b));
+    if (bf16_path) packed.reserve(Bf16PackedWords(m, n, k));
+    const float* a32 = bf16_path ? nullptr : AsF32(f, DataPtr(a), ta, m * k, abuf);
+    const float* b32 = bf16_path ? nullptr : AsF32(f, DataPtr(b), tb, k * n, bbuf);
     const float* bias32 = bias ? AsF32(f, DataPtr(bias), DTypeOf(bias->dtype), n, biasbuf) : nullptr;
     if (td != DType::kF32) scratch.reserve(size_t(m * n));
     std::vector<double> bgrad(bias_grad ? size_t(m) : 0);
@@ -276,6 +506,9 @@ tefl_status* GenericGemm(const tefl_call_frame* f, void*) {
     g.transb = transb;
     g.a = a32;
     g.b = b32;
+    g.a16 = bf16_path ? DataPtr(a) : nullptr;
+    g.b16 = bf16_path ? DataPtr(b) : nullptr;
+    g.packed = &packed;
     g.alpha = at->alpha * sa * sb;
     g.beta = at->beta;
     g.c = c ? DataPtr(c) : at->accumulate ? DataPtr(d) : nullptr;
@@ -292,14 +525,15 @@ tefl_status* GenericGemm(const tefl_call_frame* f, void*) {
     if (at->alpha == 0.0f) g.alpha = 0.0f;
     Run(f, g, scratch);
 
+    const void* araw = DataPtr(a);
     if (bias_grad) {  // bias_grad[m] = sum_k op(A)[m, k], dequantized as TE (q * scale_inv in fp32)
       if (transa) {   // A is [K, M]: column sums
         for (int64_t kk = 0; kk < k; ++kk)
-          for (int64_t i = 0; i < m; ++i) bgrad[size_t(i)] += double(a32[kk * m + i] * sa);
+          for (int64_t i = 0; i < m; ++i) bgrad[size_t(i)] += double(LoadAsFloat(araw, kk * m + i, ta) * sa);
       } else {
         for (int64_t i = 0; i < m; ++i) {
           double s = 0.0;
-          for (int64_t kk = 0; kk < k; ++kk) s += double(a32[i * k + kk] * sa);
+          for (int64_t kk = 0; kk < k; ++kk) s += double(LoadAsFloat(araw, i * k + kk, ta) * sa);
           bgrad[size_t(i)] = s;
         }
       }
@@ -336,8 +570,13 @@ tefl_status* GroupedGemm(const tefl_call_frame* f, void*) {
     const int64_t n = at->transb ? b->shape[1] : b->shape[2];
 
     std::vector<float> abuf, bbuf, biasbuf, scratch;
-    const float* a32 = AsF32(f, DataPtr(a), ta, rows * k, abuf);
-    const float* b32 = AsF32(f, DataPtr(b), tb, groups * k * n, bbuf);
+    std::vector<uint32_t> packed;
+    int64_t max_m = 0;
+    for (int64_t grp = 0; grp < groups; ++grp) max_m = std::max(max_m, splits[grp]);
+    const bool bf16_path = UseBf16Path(ta, tb, max_m, n, k, DataPtr(a), DataPtr(b), groups, rows);
+    if (bf16_path) packed.reserve(Bf16PackedWords(max_m, n, k));
+    const float* a32 = bf16_path ? nullptr : AsF32(f, DataPtr(a), ta, rows * k, abuf);
+    const float* b32 = bf16_path ? nullptr : AsF32(f, DataPtr(b), tb, groups * k * n, bbuf);
     const float* bias32 = bias ? AsF32(f, DataPtr(bias), DTypeOf(bias->dtype), groups * n, biasbuf) : nullptr;
     if (td != DType::kF32) scratch.reserve(size_t(rows * n));  // the largest group fits
 
@@ -349,8 +588,11 @@ tefl_status* GroupedGemm(const tefl_call_frame* f, void*) {
       g.n = n;
       g.k = k;
       g.transb = at->transb != 0;
-      g.a = a32 + row * k;
-      g.b = b32 + grp * k * n;
+      g.a = a32 ? a32 + row * k : nullptr;
+      g.b = b32 ? b32 + grp * k * n : nullptr;
+      g.a16 = bf16_path ? static_cast<const uint16_t*>(DataPtr(a)) + row * k : nullptr;
+      g.b16 = bf16_path ? static_cast<const uint16_t*>(DataPtr(b)) + grp * k * n : nullptr;
+      g.packed = &packed;
       g.alpha = at->alpha;
       g.beta = at->beta;
       g.d = static_cast<char*>(DataPtr(d)) + size_t(row * n) * ed;
