@@ -1,4 +1,885 @@
-// Conformance of the gemm family (scaffold).
+// Conformance of every CPU implementation of the GEMM ops (generic_gemm,
+// te_general_grouped_gemm) against the oracle, reference.cpp (a naive triple
+// loop in double), plus: the reference against hand-computed values and an
+// independent column-major statement of TransformerEngine's fprop/dgrad/wgrad
+// calls (docs/ops-gemm.md's layout mapping), bad input (clear error, outputs
+// untouched), NaN/Inf, zero sizes, grouped GEMM with an empty group, and
+// concurrent calls.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
 #include "test_support.h"
+
+namespace {
+
+using tefl::DType;
+using tefl::Status;
+using tefl::testing::Compare;
+using tefl::testing::CompareResult;
+using tefl::testing::CpuImplementations;
+using tefl::testing::MustServe;
+using tefl::testing::RunImplDL;
+using tefl::testing::Tensor;
+using tefl::testing::ToleranceFor;
+
+constexpr const char* kReference = tefl::testing::kReferenceImpl;
+constexpr const char* kGemm = "generic_gemm";
+constexpr const char* kGrouped = "te_general_grouped_gemm";
+constexpr double kSentinel = -31337.0;
+
+bool IsFp8(DType t) { return t == DType::kE4M3 || t == DType::kE5M2; }
+const char* Short(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return "f32";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF16:
+      return "f16";
+    case DType::kE4M3:
+      return "e4m3";
+    case DType::kE5M2:
+      return "e5m2";
+    default:
+      return "?";
+  }
+}
+
+tefl_gemm_attrs DefaultAttrs() { return {TEFL_GEMM_ATTRS_STRUCT_SIZE, 0, 0, 1.0f, 1.0f, 0, 0, 0, 0}; }
+
+// ---- One call: positional tensors (absent optional ones are nullopt) ----------------
+struct Problem {
+  std::string op = kGemm;
+  std::vector<std::optional<Tensor>> in, out;
+  tefl_gemm_attrs attrs = DefaultAttrs();
+  // K-aware error bound per element of D and pre_gelu_out (see MagnitudeOf).
+  std::vector<double> magnitude;
+  int64_t k = 0;
+
+  std::vector<const DLTensor*> InPtrs() {
+    std::vector<const DLTensor*> v;
+    for (auto& t : in) v.push_back(t ? t->ptr() : nullptr);
+    return v;
+  }
+  std::vector<DLTensor*> OutPtrs() {
+    std::vector<DLTensor*> v;
+    for (auto& t : out) v.push_back(t ? t->ptr() : nullptr);
+    return v;
+  }
+  Status Run(const std::string& impl) { return RunImplDL(op, impl, InPtrs(), OutPtrs(), &attrs); }
+};
+// generic_gemm argument positions.
+enum { kA, kB, kC, kBias, kAScaleInv, kBScaleInv, kDScale };
+enum { kD, kPreGelu, kBiasGrad, kDAmax };
+
+Tensor Sentinel(DType t, std::vector<int64_t> shape) {
+  Tensor o(t, std::move(shape));
+  o.Fill(kSentinel);
+  return o;
+}
+Tensor Scalar1(double v) {
+  Tensor t(DType::kF32, {1});
+  t.Fill(v);
+  return t;
+}
+
+// One generic_gemm case of the grid.
+struct Epilogue {
+  const char* name;
+  bool c, bias, gelu, pre, grad, accumulate;
+  float alpha, beta;
+};
+struct DTypes {
+  DType a, b, d;
+};
+
+// sum over k of |alpha * op(A)[m, k] op(B)[k, n]| + |beta Cterm| + |bias|, in
+// double with the same dequantization as the reference: the scale of the
+// rounding error of any fp32 summation order of that element.
+std::vector<double> MagnitudeOf(const Problem& p, int64_t m, int64_t n, int64_t k) {
+  const tefl_gemm_attrs& at = p.attrs;
+  const Tensor& a = *p.in[kA];
+  const Tensor& b = *p.in[kB];
+  const double sa = p.in[kAScaleInv] ? float(p.in[kAScaleInv]->at(0)) : 1.0;
+  const double sb = p.in[kBScaleInv] ? float(p.in[kBScaleInv]->at(0)) : 1.0;
+  std::vector<double> s(size_t(m * n), 0.0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = 0;
+      for (int64_t kk = 0; kk < k; ++kk)
+        acc +=
+            std::fabs(a.at(at.transa ? kk * m + i : i * k + kk) * sa * b.at(at.transb ? j * k + kk : kk * n + j) * sb);
+      double v = std::fabs(double(at.alpha)) * acc;
+      if (p.in[kC]) v += std::fabs(double(at.beta) * p.in[kC]->at(i * n + j));
+      if (at.accumulate) v += std::fabs(double(at.beta) * p.out[kD]->at(i * n + j));
+      if (p.in[kBias]) v += std::fabs(p.in[kBias]->at(j));
+      s[size_t(i * n + j)] = v;
+    }
+  return s;
+}
+
+// Relative spacing of an output dtype (one unit in the last place at 1).
+double Ulp(DType t) {
+  switch (t) {
+    case DType::kBF16:
+      return 0x1p-7;
+    case DType::kF16:
+      return 0x1p-10;
+    case DType::kE4M3:
+      return 0x1p-3;
+    case DType::kE5M2:
+      return 0x1p-2;
+    default:
+      return 0x1p-23;
+  }
+}
+
+// The comparison for GEMM results. TE's element rule (ToleranceFor) assumes
+// one rounding of an exact result; a BLAS sums K products in fp32 in its own
+// blocked order, so its error against the double reference is bounded by
+// gamma_K * sum_k |a_k b_k| ~= K * 2^-24 * magnitude (the standard
+// worst-case bound for any summation order), plus a few roundings for the
+// epilogue (alpha, beta C, bias, GELU whose slope is at most 1.13; FP8 D:
+// d_scale multiplies everything) and the output rounding itself (<= 1 ulp
+// of |r| each side). An element passes if TE's rule or that bound holds.
+// The bound stays far below what a wrong element changes: dropping one
+// product, a wrong bias or a misplaced row changes an element by about
+// magnitude / K, which exceeds K * 2^-24 * magnitude for every K < 4000
+// (the self-test KAwareComparisonCatchesOneWrongElement shows it).
+CompareResult CompareGemm(const Tensor& got, const Tensor& want, const std::vector<double>& magnitude, int64_t k,
+                          double factor) {
+  const auto te = ToleranceFor(got.dtype());
+  CompareResult r;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    const double t = got.at(i), e = want.at(i);
+    bool bad;
+    if (std::isnan(e) || std::isnan(t)) {
+      bad = std::isnan(e) != std::isnan(t);
+    } else if (std::isinf(e) || std::isinf(t)) {
+      bad = t != e;
+    } else {
+      const double diff = std::fabs(t - e);
+      r.max_abs = std::max(r.max_abs, diff);
+      if (e != 0) r.max_rel = std::max(r.max_rel, diff / std::fabs(e));
+      const bool te_bad = diff > te.atol && (e == 0 || diff / std::fabs(e) > te.rtol);
+      const double bound =
+          double(k + 8) * 0x1p-24 * factor * magnitude[size_t(i)] + 2 * Ulp(got.dtype()) * std::fabs(e) + 1e-30;
+      bad = te_bad && diff > bound;
+    }
+    if (bad) {
+      if (r.first_bad < 0) r.first_bad = i;
+      ++r.mismatches;
+    }
+  }
+  return r;
+}
+
+Problem MakeGemm(const DTypes& dt, const Epilogue& ep, int64_t m, int64_t n, int64_t k, bool ta, bool tb,
+                 const std::string& seed) {
+  Problem p;
+  p.k = k;
+  p.attrs.transa = ta;
+  p.attrs.transb = tb;
+  p.attrs.alpha = ep.alpha;
+  p.attrs.beta = ep.beta;
+  p.attrs.accumulate = ep.accumulate;
+  p.attrs.gelu = ep.gelu;
+  p.attrs.grad = ep.grad;
+  const DType side = IsFp8(dt.d) ? DType::kF32 : dt.d;  // C, pre_gelu_out
+  const DType vec = IsFp8(dt.a) ? DType::kBF16 : dt.a;  // bias, bias_grad
+  p.in.resize(7);
+  p.out.resize(4);
+  p.in[kA] = Tensor(dt.a, ta ? std::vector<int64_t>{k, m} : std::vector<int64_t>{m, k});
+  p.in[kA]->Uniform("A/" + seed);
+  p.in[kB] = Tensor(dt.b, tb ? std::vector<int64_t>{n, k} : std::vector<int64_t>{k, n});
+  p.in[kB]->Uniform("B/" + seed);
+  if (ep.c) {
+    p.in[kC] = Tensor(side, {m, n});
+    p.in[kC]->Uniform("C/" + seed);
+  }
+  if (ep.bias) {
+    p.in[kBias] = Tensor(vec, {n});
+    p.in[kBias]->Uniform("bias/" + seed);
+  }
+  if (IsFp8(dt.a)) p.in[kAScaleInv] = Scalar1(0.75);  // not powers of two: scales are really applied
+  if (IsFp8(dt.b)) p.in[kBScaleInv] = Scalar1(1.25);
+  if (IsFp8(dt.d)) p.in[kDScale] = Scalar1(0.375);
+  p.out[kD] = Sentinel(dt.d, {m, n});
+  if (ep.accumulate) p.out[kD]->Uniform("D0/" + seed);
+  if (ep.pre) p.out[kPreGelu] = Sentinel(side, {m, n});
+  if (ep.grad) p.out[kBiasGrad] = Sentinel(vec, {m});
+  if (IsFp8(dt.d)) p.out[kDAmax] = Sentinel(DType::kF32, {1});
+  p.magnitude = MagnitudeOf(p, m, n, k);
+  return p;
+}
+
+// Runs every CPU implementation on p and compares with the reference.
+void CheckAll(Problem& p) {
+  Problem ref = p;
+  {
+    const Status s = ref.Run(kReference);
+    ASSERT_TRUE(s.ok()) << "reference: " << s.ToString();
+  }
+  const std::vector<std::string> impls = CpuImplementations(p.op);
+  for (const char* must : tefl::testing::kMustServeImpls)
+    EXPECT_NE(std::find(impls.begin(), impls.end(), must), impls.end()) << must << " is not registered";
+  const double gelu_factor = p.attrs.gelu ? 1.2 : 1.0;
+  const double d_scale = p.in.size() > kDScale && p.in[kDScale] ? p.in[kDScale]->at(0) : 1.0;
+  for (const std::string& impl : impls) {
+    if (impl == kReference) continue;
+    SCOPED_TRACE("impl " + impl);
+    Problem run = p;
+    const Status s = run.Run(impl);
+    if (!s.ok() && !MustServe(impl) && (s.code() == TEFL_FAILED_PRECONDITION || s.IsUnsupported())) {
+      std::printf("[  NOTE    ] %s declined %s: %s\n", impl.c_str(), p.op.c_str(), s.message().c_str());
+      continue;
+    }
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    for (size_t i = 0; i < run.in.size(); ++i) {
+      if (!run.in[i]) continue;
+      EXPECT_TRUE(run.in[i]->SameBytes(*p.in[i])) << "input " << i << " was modified";
+      EXPECT_TRUE(run.in[i]->GuardsIntact()) << "input " << i << " guards";
+    }
+    for (size_t i = 0; i < run.out.size(); ++i) {
+      if (!run.out[i]) continue;
+      const Tensor& got = *run.out[i];
+      const Tensor& want = *ref.out[i];
+      EXPECT_TRUE(got.GuardsIntact()) << "wrote outside output " << i;
+      CompareResult r;
+      if (p.op == kGemm && i == kBiasGrad) {
+        r = Compare(got, want, ToleranceFor(got.dtype()));
+      } else if (p.op == kGemm && i == kDAmax) {
+        double max_mag = 0;
+        for (double v : p.magnitude) max_mag = std::max(max_mag, v);
+        const std::vector<double> mag1 = {max_mag};
+        r = CompareGemm(got, want, mag1, p.k, gelu_factor);
+      } else if (p.op == kGemm && i == kPreGelu) {
+        r = CompareGemm(got, want, p.magnitude, p.k, 1.0);
+      } else {
+        std::vector<double> mag = p.magnitude;
+        for (double& v : mag) v *= d_scale;
+        r = CompareGemm(got, want, mag, p.k, gelu_factor);
+      }
+      EXPECT_EQ(r.mismatches, 0) << "output " << i << " (" << tefl::DTypeName(got.dtype()) << "): " << r.ToString()
+                                 << (r.first_bad >= 0
+                                         ? fmt::format(" got {} want {}", got.at(r.first_bad), want.at(r.first_bad))
+                                         : std::string());
+    }
+  }
+}
+
+// ---- The grid: dtypes x epilogue (parameters), x transposes x shapes (inner) --------
+const DTypes kDTypes[] = {
+    {DType::kF32, DType::kF32, DType::kF32},    {DType::kBF16, DType::kBF16, DType::kBF16},
+    {DType::kF16, DType::kF16, DType::kF16},    {DType::kBF16, DType::kBF16, DType::kF32},
+    {DType::kF32, DType::kF32, DType::kF16},    {DType::kE4M3, DType::kE4M3, DType::kBF16},
+    {DType::kE4M3, DType::kE5M2, DType::kF32},  {DType::kE5M2, DType::kE4M3, DType::kE4M3},
+    {DType::kE4M3, DType::kE4M3, DType::kE5M2},
+};
+const Epilogue kEpilogues[] = {
+    {"plain", false, false, false, false, false, false, 1.0f, 1.0f},
+    {"bias", false, true, false, false, false, false, 1.0f, 1.0f},
+    {"gelu_bias_pre", false, true, true, true, false, false, 1.0f, 1.0f},
+    {"gelu", false, false, true, false, false, false, 1.0f, 1.0f},
+    {"c_alpha_beta", true, false, false, false, false, false, 0.5f, -1.5f},
+    {"c_bias_beta0", true, true, false, false, false, false, 2.0f, 0.0f},
+    {"accumulate", false, false, false, false, false, true, 1.0f, 1.0f},
+    {"accumulate_beta_bias", false, true, false, false, false, true, -0.75f, 0.5f},
+    {"grad", false, false, false, false, true, false, 1.0f, 1.0f},
+};
+struct Shape {
+  int64_t m, n, k;
+};
+const Shape kShapes[] = {{1, 1, 1},     {1, 37, 129}, {129, 1, 37}, {33, 65, 37},
+                         {17, 31, 129}, {0, 5, 7},    {6, 0, 7},    {5, 6, 0}};
+
+class GemmConformance : public ::testing::TestWithParam<std::tuple<int, int>> {};
+
+TEST_P(GemmConformance, MatchesReference) {
+  const DTypes& dt = kDTypes[std::get<0>(GetParam())];
+  const Epilogue& ep = kEpilogues[std::get<1>(GetParam())];
+  if (ep.accumulate && IsFp8(dt.d)) {  // rejected by validation: D's prior FP8 content has no defined scale
+    Problem p = MakeGemm(dt, ep, 3, 4, 5, false, false, "fp8acc");
+    for (const std::string& impl : CpuImplementations(kGemm))
+      EXPECT_EQ(p.Run(impl).code(), TEFL_INVALID_ARGUMENT) << impl;
+    return;
+  }
+  for (const Shape& s : kShapes)
+    for (int t = 0; t < 4; ++t) {
+      const bool ta = t & 1, tb = t & 2;
+      SCOPED_TRACE(fmt::format("{}x{}x{} transa={} transb={}", s.m, s.n, s.k, ta, tb));
+      Problem p = MakeGemm(dt, ep, s.m, s.n, s.k, ta, tb, fmt::format("{}{}{}", s.m, s.n, s.k));
+      CheckAll(p);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, GemmConformance,
+                         ::testing::Combine(::testing::Range(0, int(std::size(kDTypes))),
+                                            ::testing::Range(0, int(std::size(kEpilogues)))),
+                         [](const auto& pinfo) {
+                           const DTypes& d = kDTypes[std::get<0>(pinfo.param)];
+                           return fmt::format("{}_{}_to_{}_{}", Short(d.a), Short(d.b), Short(d.d),
+                                              kEpilogues[std::get<1>(pinfo.param)].name);
+                         });
+
+// Large: 256 x 384 x 320 in a few configurations (BLAS blocking, threads).
+TEST(GemmConformanceSpecial, Large) {
+  struct L {
+    DTypes dt;
+    int epi;
+    bool ta, tb;
+  };
+  const L cases[] = {{{DType::kF32, DType::kF32, DType::kF32}, 0, false, false},
+                     {{DType::kBF16, DType::kBF16, DType::kBF16}, 2, false, true},
+                     {{DType::kE4M3, DType::kE4M3, DType::kE4M3}, 1, true, false}};
+  for (const L& c : cases) {
+    SCOPED_TRACE(fmt::format("{} {}", Short(c.dt.a), kEpilogues[c.epi].name));
+    Problem p = MakeGemm(c.dt, kEpilogues[c.epi], 256, 384, 320, c.ta, c.tb, "large");
+    CheckAll(p);
+  }
+}
+
+// The comparison is tight enough to see one wrong element: the reference
+// result with one element changed by one product's worth fails.
+TEST(GemmConformanceSpecial, KAwareComparisonCatchesOneWrongElement) {
+  for (int64_t k : {37, 320}) {
+    Problem p = MakeGemm({DType::kF32, DType::kF32, DType::kF32}, kEpilogues[0], 16, 24, k, false, false, "self");
+    ASSERT_TRUE(p.Run(kReference).ok());
+    Tensor bad = *p.out[kD];
+    const int64_t e = 5 * 24 + 7;
+    // one missing product term a[5, 3] * b[3, 7]
+    bad.set(e, bad.at(e) - p.in[kA]->at(5 * k + 3) * p.in[kB]->at(3 * 24 + 7));
+    EXPECT_EQ(CompareGemm(*p.out[kD], *p.out[kD], p.magnitude, k, 1.0).mismatches, 0);
+    EXPECT_EQ(CompareGemm(bad, *p.out[kD], p.magnitude, k, 1.0).mismatches, 1) << "K = " << k;
+  }
+}
+
+// ---- The reference against values worked out by hand ------------------------------
+TEST(GemmReference, KnownValues) {
+  Problem p;
+  p.in.resize(7);
+  p.out.resize(4);
+  p.in[kA] = Tensor(DType::kF32, {2, 2});
+  p.in[kB] = Tensor(DType::kF32, {2, 2});
+  p.in[kC] = Tensor(DType::kF32, {2, 2});
+  p.in[kBias] = Tensor(DType::kF32, {2});
+  const double a[] = {1, 2, 3, 4}, b[] = {5, 6, 7, 8}, c[] = {1, -1, 2, -2}, bias[] = {10, 20};
+  for (int i = 0; i < 4; ++i) {
+    p.in[kA]->set(i, a[i]);
+    p.in[kB]->set(i, b[i]);
+    p.in[kC]->set(i, c[i]);
+  }
+  p.in[kBias]->set(0, bias[0]);
+  p.in[kBias]->set(1, bias[1]);
+  p.out[kD] = Sentinel(DType::kF32, {2, 2});
+  p.attrs.alpha = 2.0f;
+  p.attrs.beta = 3.0f;
+  // A B = [[19, 22], [43, 50]]; 2 AB + 3 C + bias = [[51, 61], [102, 114]]
+  for (const std::string& impl : CpuImplementations(kGemm)) {
+    Problem run = p;
+    ASSERT_TRUE(run.Run(impl).ok()) << impl;
+    const double want[] = {51, 61, 102, 114};
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(run.out[kD]->at(i), want[i]) << impl << " element " << i;
+  }
+  // transa, transb: A^T B^T = (B A)^T; B A = [[23, 34], [31, 46]] -> [[23, 31], [34, 46]]
+  p.in[kC].reset();
+  p.in[kBias].reset();
+  p.attrs = DefaultAttrs();
+  p.attrs.transa = p.attrs.transb = 1;
+  for (const std::string& impl : CpuImplementations(kGemm)) {
+    Problem run = p;
+    ASSERT_TRUE(run.Run(impl).ok()) << impl;
+    const double want[] = {23, 31, 34, 46};
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(run.out[kD]->at(i), want[i]) << impl << " element " << i;
+  }
+  // GELU (tanh form) of AB: gelu(19) = 19, and pre_gelu_out = AB; gelu(-1) by the formula.
+  p.attrs = DefaultAttrs();
+  p.attrs.gelu = 1;
+  p.in[kA]->set(0, -1);  // row 0: [-1, 2] -> [9, 10]; shift with a bias of -10, -11: [-1, -1]
+  p.in[kBias] = Tensor(DType::kF32, {2});
+  p.in[kBias]->set(0, -10);
+  p.in[kBias]->set(1, -11);
+  p.out[kPreGelu] = Sentinel(DType::kF32, {2, 2});
+  const double g1 = -1.0 * (0.5 + 0.5 * std::tanh(-1.0 * (0.79788456 + 0.03567741)));
+  for (const std::string& impl : CpuImplementations(kGemm)) {
+    Problem run = p;
+    ASSERT_TRUE(run.Run(impl).ok()) << impl;
+    EXPECT_EQ(run.out[kPreGelu]->at(0), -1.0) << impl;
+    EXPECT_EQ(run.out[kPreGelu]->at(1), -1.0) << impl;
+    EXPECT_NEAR(run.out[kD]->at(0), g1, 1e-6) << impl;
+    EXPECT_NEAR(run.out[kD]->at(3), 50 - 11, 1e-5) << impl;  // gelu(39) = 39 in fp32
+  }
+}
+
+// ---- TransformerEngine's column-major calls and tefl's row-major statement --------
+// TE (cuBLAS) computes, in column-major storage, D = op(A) op(B) with "TN"
+// meaning transa = T, transb = N. ColMajorGemm is an independent statement
+// of that (plain loops over column-major indices). tefl's documented
+// mapping: the same memory, tefl A = TE's B, tefl B = TE's A, tefl transa =
+// TE's transb, tefl transb = TE's transa.
+std::vector<double> ColMajorGemm(const Tensor& a, int64_t lda_rows, const Tensor& b, int64_t ldb_rows, bool ta, bool tb,
+                                 int64_t m, int64_t n, int64_t k) {
+  // A col-major with lda_rows rows; op(A) is m x k; op(B) k x n; D m x n col-major.
+  std::vector<double> d(size_t(m * n));
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t i = 0; i < m; ++i) {
+      double s = 0;
+      for (int64_t kk = 0; kk < k; ++kk) {
+        const double av = ta ? a.at(i * lda_rows + kk) : a.at(kk * lda_rows + i);
+        const double bv = tb ? b.at(kk * ldb_rows + j) : b.at(j * ldb_rows + kk);
+        s += av * bv;
+      }
+      d[size_t(j * m + i)] = s;
+    }
+  return d;
+}
+
+TEST(GemmLayout, TransformerEngineCallsMapToRowMajor) {
+  const int64_t tokens = 7, in_f = 11, out_f = 5;
+  Tensor x(DType::kF32, {tokens, in_f}), w(DType::kF32, {out_f, in_f}), dy(DType::kF32, {tokens, out_f});
+  x.Uniform("x");
+  w.Uniform("w");
+  dy.Uniform("dy");
+  struct Call {
+    const char* name;
+    const Tensor* te_a;
+    const Tensor* te_b;
+    bool te_ta, te_tb;
+    int64_t m, n, k;     // TE's column-major m, n, k
+    int64_t rows, cols;  // tefl's row-major D
+  };
+  // The column-major views: a row-major [r, c] tensor is a column-major [c, r]
+  // matrix with leading dimension c.
+  const Call calls[] = {
+      // fprop "TN": A = W (col-major [in, out]), B = x (col-major [in, tokens]); D col [out, tokens] = y row [tokens,
+      // out]
+      {"fprop TN", &w, &x, true, false, out_f, tokens, in_f, tokens, out_f},
+      // dgrad "NN": A = W (col [in, out]), B = dy (col [out, tokens]); D col [in, tokens] = dx row [tokens, in]
+      {"dgrad NN", &w, &dy, false, false, in_f, tokens, out_f, tokens, in_f},
+      // wgrad "NT": A = x (col [in, tokens]), B = dy (col [out, tokens]); D col [in, out] = dW row [out, in]
+      {"wgrad NT", &x, &dy, false, true, in_f, out_f, tokens, out_f, in_f},
+  };
+  for (const Call& c : calls) {
+    SCOPED_TRACE(c.name);
+    const std::vector<double> te =
+        ColMajorGemm(*c.te_a, c.te_a->shape()[1], *c.te_b, c.te_b->shape()[1], c.te_ta, c.te_tb, c.m, c.n, c.k);
+    for (const std::string& impl : CpuImplementations(kGemm)) {
+      SCOPED_TRACE(impl);
+      Problem p;
+      p.in.resize(7);
+      p.out.resize(4);
+      p.in[kA] = *c.te_b;
+      p.in[kB] = *c.te_a;
+      p.attrs.transa = c.te_tb;
+      p.attrs.transb = c.te_ta;
+      p.out[kD] = Sentinel(DType::kF32, {c.rows, c.cols});
+      const bool wgrad = std::string(c.name) == "wgrad NT";
+      if (wgrad) {  // TE: generic_gemm(x, dy, NT, grad=True) also returns grad_bias = dy.sum(0)
+        p.attrs.grad = 1;
+        p.out[kBiasGrad] = Sentinel(DType::kF32, {out_f});
+      }
+      const Status s = p.Run(impl);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      // Row-major D[r, c] is column-major D[c, r]: the same memory.
+      for (int64_t i = 0; i < c.rows * c.cols; ++i)
+        EXPECT_NEAR(p.out[kD]->at(i), te[size_t(i)], 1e-4 * (1 + std::fabs(te[size_t(i)]))) << "element " << i;
+      // And the row-major meaning: fprop y = x W^T, dgrad dx = dy W, wgrad dW = dy^T x.
+      for (int64_t r = 0; r < c.rows; ++r)
+        for (int64_t q = 0; q < c.cols; ++q) {
+          double want = 0;
+          if (std::string(c.name) == "fprop TN")
+            for (int64_t kk = 0; kk < in_f; ++kk) want += x.at(r * in_f + kk) * w.at(q * in_f + kk);
+          else if (std::string(c.name) == "dgrad NN")
+            for (int64_t kk = 0; kk < out_f; ++kk) want += dy.at(r * out_f + kk) * w.at(kk * in_f + q);
+          else
+            for (int64_t kk = 0; kk < tokens; ++kk) want += dy.at(kk * out_f + r) * x.at(kk * in_f + q);
+          EXPECT_NEAR(p.out[kD]->at(r * c.cols + q), want, 1e-4 * (1 + std::fabs(want)));
+        }
+      if (wgrad)
+        for (int64_t o = 0; o < out_f; ++o) {
+          double sum = 0;
+          for (int64_t t = 0; t < tokens; ++t) sum += dy.at(t * out_f + o);
+          EXPECT_NEAR(p.out[kBiasGrad]->at(o), sum, 1e-5) << "grad_bias = dy.sum(0), column " << o;
+        }
+    }
+  }
+}
+
+// ---- NaN and Inf ---------------------------------------------------------------
+TEST(GemmConformanceSpecial, NanAndInfPropagate) {
+  // 40 x 33 x 37: large enough for default.portable's bf16 dot-product path.
+  const int64_t m = 40, n = 33, k = 37;
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    Problem p = MakeGemm({t, t, t}, kEpilogues[2], m, n, k, false, true, "naninf");
+    p.in[kA]->set(2 * k + 4, std::nan(""));                             // row 2 of D: NaN
+    p.in[kB]->set(5 * k + 3, std::numeric_limits<double>::infinity());  // column 5: +-inf or NaN
+    p.in[kBias]->set(11, -std::numeric_limits<double>::infinity());     // column 11: -inf (gelu(-inf) NaN)
+    p.magnitude = MagnitudeOf(p, m, n, k);
+    for (double& v : p.magnitude)
+      if (!std::isfinite(v)) v = 0;
+    CheckAll(p);
+    Problem ref = p;
+    ASSERT_TRUE(ref.Run(kReference).ok());
+    for (int64_t j = 0; j < n; ++j) EXPECT_TRUE(std::isnan(ref.out[kD]->at(2 * n + j))) << j;
+    EXPECT_FALSE(std::isfinite(ref.out[kPreGelu]->at(0 * n + 5)));
+    EXPECT_FALSE(std::isfinite(ref.out[kPreGelu]->at(0 * n + 11)));
+  }
+}
+
+// bf16 subnormal inputs count (the vdpbf16ps path would read them as 0, so
+// default.portable falls back to the exact path when it sees one).
+TEST(GemmConformanceSpecial, SubnormalBf16Inputs) {
+  const int64_t m = 40, n = 48, k = 40;
+  Problem p = MakeGemm({DType::kBF16, DType::kBF16, DType::kF32}, kEpilogues[0], m, n, k, false, false, "subn");
+  for (int64_t i = 0; i < m * k; ++i) p.in[kA]->set(i, p.in[kA]->at(i) * 1e-39);  // subnormal in bf16
+  for (int64_t i = 0; i < k * n; ++i) p.in[kB]->set(i, p.in[kB]->at(i) * 1e38);
+  p.magnitude = MagnitudeOf(p, m, n, k);
+  CheckAll(p);
+  Problem ref = p;
+  ASSERT_TRUE(ref.Run(kReference).ok());
+  double sum = 0;
+  for (int64_t i = 0; i < m * n; ++i) sum += std::fabs(ref.out[kD]->at(i));
+  EXPECT_GT(sum, 1.0) << "the products of subnormal A and large B are not negligible";
+}
+
+// ---- te_general_grouped_gemm ------------------------------------------------------
+struct GroupedCase {
+  DType t, td;
+  bool transb, bias, accumulate, gelu;
+  float alpha, beta;
+};
+
+Problem MakeGrouped(const GroupedCase& c, const std::vector<int64_t>& splits, int64_t n, int64_t k) {
+  Problem p;
+  p.op = kGrouped;
+  p.k = k;
+  int64_t rows = 0;
+  for (int64_t s : splits) rows += s;
+  const int64_t g = int64_t(splits.size());
+  p.attrs.transb = c.transb;
+  p.attrs.accumulate = c.accumulate;
+  p.attrs.gelu = c.gelu;
+  p.attrs.alpha = c.alpha;
+  p.attrs.beta = c.beta;
+  p.in.resize(4);
+  p.out.resize(1);
+  p.in[0] = Tensor(c.t, {rows, k});
+  p.in[0]->Uniform("gA");
+  p.in[1] = Tensor(c.t, c.transb ? std::vector<int64_t>{g, n, k} : std::vector<int64_t>{g, k, n});
+  p.in[1]->Uniform("gB");
+  p.in[2] = Tensor(DType::kI64, {g});
+  for (int64_t i = 0; i < g; ++i) p.in[2]->set(i, double(splits[size_t(i)]));
+  if (c.bias) {
+    p.in[3] = Tensor(c.t, {g, n});
+    p.in[3]->Uniform("gbias");
+  }
+  p.out[0] = Sentinel(c.td, {rows, n});
+  if (c.accumulate) p.out[0]->Uniform("gD0");
+  // Magnitudes per element, group by group.
+  p.magnitude.assign(size_t(rows * n), 0.0);
+  int64_t row = 0;
+  for (int64_t grp = 0; grp < g; ++grp) {
+    for (int64_t i = row; i < row + splits[size_t(grp)]; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double s = 0;
+        for (int64_t kk = 0; kk < k; ++kk)
+          s += std::fabs(p.in[0]->at(i * k + kk) *
+                         p.in[1]->at(c.transb ? (grp * n + j) * k + kk : (grp * k + kk) * n + j));
+        double v = std::fabs(double(c.alpha)) * s;
+        if (c.accumulate) v += std::fabs(double(c.beta) * p.out[0]->at(i * n + j));
+        if (c.bias) v += std::fabs(p.in[3]->at(grp * n + j));
+        p.magnitude[size_t(i * n + j)] = v;
+      }
+    row += splits[size_t(grp)];
+  }
+  return p;
+}
+
+TEST(GroupedGemm, MatchesReferenceWithAnEmptyGroup) {
+  const std::vector<int64_t> splits = {3, 0, 17, 1, 9};
+  const GroupedCase cases[] = {
+      {DType::kF32, DType::kF32, false, false, false, false, 1.0f, 1.0f},
+      {DType::kF32, DType::kF32, true, true, false, false, 1.0f, 1.0f},
+      {DType::kBF16, DType::kBF16, true, true, false, true, 1.0f, 1.0f},
+      {DType::kF16, DType::kF16, false, true, true, false, 0.5f, 2.0f},
+      {DType::kBF16, DType::kF32, true, false, true, false, 1.0f, 1.0f},
+  };
+  for (const GroupedCase& c : cases) {
+    SCOPED_TRACE(fmt::format("{}->{} transb={} bias={} acc={} gelu={}", Short(c.t), Short(c.td), c.transb, c.bias,
+                             c.accumulate, c.gelu));
+    Problem p = MakeGrouped(c, splits, 19, 37);
+    CheckAll(p);
+  }
+  // Every group empty, and no groups at all.
+  for (const std::vector<int64_t>& s : {std::vector<int64_t>{0, 0}, std::vector<int64_t>{}}) {
+    Problem p = MakeGrouped(cases[1], s, 4, 6);
+    for (const std::string& impl : CpuImplementations(kGrouped)) {
+      Problem run = p;
+      EXPECT_TRUE(run.Run(impl).ok()) << impl;
+    }
+  }
+}
+
+// The grouped reference equals generic_gemm's reference group by group.
+TEST(GroupedGemm, ReferenceEqualsGenericPerGroup) {
+  const std::vector<int64_t> splits = {4, 0, 6};
+  const int64_t n = 7, k = 5;
+  Problem p = MakeGrouped({DType::kF32, DType::kF32, true, true, false, true, 1.0f, 1.0f}, splits, n, k);
+  ASSERT_TRUE(p.Run(kReference).ok());
+  int64_t row = 0;
+  for (size_t grp = 0; grp < splits.size(); ++grp) {
+    const int64_t m = splits[grp];
+    Problem q;
+    q.in.resize(7);
+    q.out.resize(4);
+    q.in[kA] = Tensor(DType::kF32, {m, k});
+    q.in[kB] = Tensor(DType::kF32, {n, k});
+    q.in[kBias] = Tensor(DType::kF32, {n});
+    for (int64_t i = 0; i < m * k; ++i) q.in[kA]->set(i, p.in[0]->at(row * k + i));
+    for (int64_t i = 0; i < n * k; ++i) q.in[kB]->set(i, p.in[1]->at(int64_t(grp) * n * k + i));
+    for (int64_t j = 0; j < n; ++j) q.in[kBias]->set(j, p.in[3]->at(int64_t(grp) * n + j));
+    q.attrs.transb = 1;
+    q.attrs.gelu = 1;
+    q.out[kD] = Sentinel(DType::kF32, {m, n});
+    ASSERT_TRUE(q.Run(kReference).ok());
+    for (int64_t i = 0; i < m * n; ++i) EXPECT_EQ(q.out[kD]->at(i), p.out[0]->at(row * n + i)) << grp << " " << i;
+    row += m;
+  }
+}
+
+// ---- Bad input: a clear error naming op, argument and expectation; no output written
+struct Bad {
+  const char* what;
+  std::vector<std::string> needles;
+  std::function<void(Problem&)> mutate;
+};
+
+void ExpectRejected(Problem& p, const Bad& b) {
+  for (const std::string& impl : CpuImplementations(p.op)) {
+    SCOPED_TRACE(std::string(b.what) + " / " + impl);
+    Problem run = p;
+    const Status s = run.Run(impl);
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.code(), TEFL_INVALID_ARGUMENT) << s.ToString();
+    EXPECT_NE(s.message().find(p.op), std::string::npos) << s.message();
+    for (const std::string& n : b.needles) EXPECT_NE(s.message().find(n), std::string::npos) << s.message();
+    for (size_t i = 0; i < run.out.size(); ++i)
+      if (run.out[i]) {
+        EXPECT_TRUE(run.out[i]->SameBytes(*p.out[i])) << "output " << i << " was written";
+        EXPECT_TRUE(run.out[i]->GuardsIntact());
+      }
+  }
+}
+
+TEST(GemmBadInput, ClearErrorAndNoOutputTouched) {
+  auto base = [] {
+    return MakeGemm({DType::kF32, DType::kF32, DType::kF32}, kEpilogues[0], 4, 6, 5, false, false, "bad");
+  };
+  const Bad cases[] = {
+      {"mismatched K",
+       {"'B'", "expected K = 5"},
+       [](Problem& p) {
+         p.in[kB] = Tensor(DType::kF32, {4, 6});
+       }},
+      {"mismatched K with transb",
+       {"'B'", "transb"},
+       [](Problem& p) {
+         p.attrs.transb = 1;
+         p.in[kB] = Tensor(DType::kF32, {6, 4});
+       }},
+      {"A not a matrix",
+       {"'A'", "rank 2"},
+       [](Problem& p) {
+         p.in[kA] = Tensor(DType::kF32, {4, 5, 1});
+       }},
+      {"bias of the wrong length",
+       {"'bias'", "expected shape [6]"},
+       [](Problem& p) { p.in[kBias] = Tensor(DType::kF32, {5}); }},
+      {"C shape wrong",
+       {"'C'", "expected shape [4, 6]"},
+       [](Problem& p) {
+         p.in[kC] = Tensor(DType::kF32, {6, 4});
+       }},
+      {"D shape wrong",
+       {"'D'", "expected shape [4, 6]"},
+       [](Problem& p) {
+         p.out[kD] = Sentinel(DType::kF32, {4, 5});
+       }},
+      {"FP8 A without scale_inv",
+       {"'a_scale_inv'", "required"},
+       [](Problem& p) {
+         p.in[kA] = Tensor(DType::kE4M3, {4, 5});
+         p.in[kB] = Tensor(DType::kE4M3, {5, 6});
+         p.in[kBScaleInv] = Scalar1(1);
+       }},
+      {"FP8 B without scale_inv",
+       {"'b_scale_inv'", "required"},
+       [](Problem& p) {
+         p.in[kA] = Tensor(DType::kE4M3, {4, 5});
+         p.in[kB] = Tensor(DType::kE5M2, {5, 6});
+         p.in[kAScaleInv] = Scalar1(1);
+       }},
+      {"FP8 D without d_scale",
+       {"'d_scale'", "required"},
+       [](Problem& p) {
+         p.out[kD] = Sentinel(DType::kE4M3, {4, 6});
+       }},
+      {"scale_inv for a non-FP8 A",
+       {"'a_scale_inv'", "expected NULL"},
+       [](Problem& p) { p.in[kAScaleInv] = Scalar1(1); }},
+      {"scale of the wrong shape",
+       {"'d_scale'", "expected shape [1]"},
+       [](Problem& p) {
+         p.out[kD] = Sentinel(DType::kE4M3, {4, 6});
+         p.in[kDScale] = Tensor(DType::kF32, {2});
+       }},
+      {"mixed bf16 x fp32",
+       {"'B'", "bfloat16"},
+       [](Problem& p) {
+         p.in[kA] = Tensor(DType::kBF16, {4, 5});
+       }},
+      {"FP8 x bf16",
+       {"'B'", "FP8"},
+       [](Problem& p) {
+         p.in[kA] = Tensor(DType::kE4M3, {4, 5});
+         p.in[kAScaleInv] = Scalar1(1);
+         p.in[kB] = Tensor(DType::kBF16, {5, 6});
+       }},
+      {"int32 A",
+       {"'A'"},
+       [](Problem& p) {
+         p.in[kA] = Tensor(DType::kI32, {4, 5});
+       }},
+      {"C with accumulate",
+       {"'C'", "accumulate"},
+       [](Problem& p) {
+         p.attrs.accumulate = 1;
+         p.in[kC] = Tensor(DType::kF32, {4, 6});
+       }},
+      {"accumulate into FP8 D",
+       {"'D'", "accumulate"},
+       [](Problem& p) {
+         p.attrs.accumulate = 1;
+         p.out[kD] = Sentinel(DType::kE4M3, {4, 6});
+         p.in[kDScale] = Scalar1(1);
+       }},
+      {"pre_gelu_out without gelu",
+       {"'pre_gelu_out'", "gelu"},
+       [](Problem& p) {
+         p.out[kPreGelu] = Sentinel(DType::kF32, {4, 6});
+       }},
+      {"bias_grad without grad",
+       {"'bias_grad'", "grad"},
+       [](Problem& p) { p.out[kBiasGrad] = Sentinel(DType::kF32, {4}); }},
+      {"bias_grad of the wrong length",
+       {"'bias_grad'", "expected shape [4]"},
+       [](Problem& p) {
+         p.attrs.grad = 1;
+         p.out[kBiasGrad] = Sentinel(DType::kF32, {6});
+       }},
+      {"bias with grad",
+       {"'bias'", "grad"},
+       [](Problem& p) {
+         p.attrs.grad = 1;
+         p.in[kBias] = Tensor(DType::kF32, {6});
+       }},
+      {"gelu with grad",
+       {"'gelu'", "'grad'"},
+       [](Problem& p) {
+         p.attrs.grad = 1;
+         p.attrs.gelu = 1;
+       }},
+      {"transa out of range", {"'transa'"}, [](Problem& p) { p.attrs.transa = 2; }},
+  };
+  for (const Bad& b : cases) {
+    Problem p = base();
+    b.mutate(p);
+    for (auto& o : p.out)
+      if (o) o->Fill(kSentinel);
+    ExpectRejected(p, b);
+  }
+}
+
+TEST(GroupedGemmBadInput, ClearErrorAndNoOutputTouched) {
+  auto base = [] {
+    return MakeGrouped({DType::kF32, DType::kF32, false, true, false, false, 1.0f, 1.0f}, {2, 0, 3}, 4, 5);
+  };
+  const Bad cases[] = {
+      {"m_splits sum", {"'m_splits'", "sum of 5"}, [](Problem& p) { p.in[2]->set(2, 2); }},
+      {"negative split", {"'m_splits'", "m_splits[1]"}, [](Problem& p) { p.in[2]->set(1, -1); }},
+      {"m_splits length", {"'m_splits'", "expected shape [3]"}, [](Problem& p) { p.in[2] = Tensor(DType::kI64, {2}); }},
+      {"m_splits int32", {"'m_splits'"}, [](Problem& p) { p.in[2] = Tensor(DType::kI32, {3}); }},
+      {"B K mismatch",
+       {"'B'", "expected K = 5"},
+       [](Problem& p) {
+         p.in[1] = Tensor(DType::kF32, {3, 4, 4});
+       }},
+      {"bias shape", {"'bias'", "expected shape [3, 4]"}, [](Problem& p) { p.in[3] = Tensor(DType::kF32, {4}); }},
+      {"D shape",
+       {"'D'", "expected shape [5, 4]"},
+       [](Problem& p) {
+         p.out[0] = Sentinel(DType::kF32, {5, 5});
+       }},
+      {"transa", {"'transa'"}, [](Problem& p) { p.attrs.transa = 1; }},
+      {"B dtype",
+       {"'B'"},
+       [](Problem& p) {
+         p.in[1] = Tensor(DType::kBF16, {3, 5, 4});
+       }},
+  };
+  for (const Bad& b : cases) {
+    Problem p = base();
+    b.mutate(p);
+    p.out[0]->Fill(kSentinel);
+    ExpectRejected(p, b);
+  }
+}
+
+// ---- Concurrent calls (OpenBLAS under tefl's lock) ----------------------------------
+TEST(GemmConcurrency, ParallelCallsMatchSerial) {
+  for (const std::string& impl : CpuImplementations(kGemm)) {
+    if (impl == kReference) continue;
+    std::vector<Problem> ps, serial;
+    for (int i = 0; i < 6; ++i) {
+      ps.push_back(MakeGemm({DType::kBF16, DType::kBF16, DType::kF32}, kEpilogues[i % 3], 64 + i, 96, 80, i & 1, false,
+                            fmt::format("conc{}", i)));
+      serial.push_back(ps.back());
+      ASSERT_TRUE(serial.back().Run(impl).ok());
+    }
+    std::vector<std::thread> threads;
+    std::vector<int> ok(ps.size(), 0);
+    for (size_t i = 0; i < ps.size(); ++i)
+      threads.emplace_back([&, i] {
+        for (int rep = 0; rep < 3; ++rep) ok[i] += ps[i].Run(impl).ok();
+      });
+    for (auto& t : threads) t.join();
+    for (size_t i = 0; i < ps.size(); ++i) {
+      EXPECT_EQ(ok[i], 3) << impl;
+      EXPECT_TRUE(ps[i].out[kD]->SameBytes(*serial[i].out[kD])) << impl << " call " << i;
+    }
+  }
+}
+
+TEST(GemmConformanceSpecial, ImplementationsCovered) {
+  for (const char* op : {kGemm, kGrouped}) {
+    const std::vector<std::string> ids = CpuImplementations(op);
+    std::string list;
+    for (const std::string& id : ids) list += (list.empty() ? "" : ", ") + id;
+    std::printf("[  NOTE    ] %s: %s\n", op, list.c_str());
+    for (const char* must : tefl::testing::kMustServeImpls)
+      EXPECT_NE(std::find(ids.begin(), ids.end(), must), ids.end()) << op << " lacks " << must;
+  }
+}
+
+}  // namespace

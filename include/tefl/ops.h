@@ -343,6 +343,36 @@ TEFL_STATIC_ASSERT(offsetof(tefl_delayed_scaling_attrs, margin) == 16, "append-o
 
 /* ---- GEMM attribute structs ---- */
 
+/* generic_gemm and te_general_grouped_gemm (docs/ops-gemm.md). Row-major:
+ *   D[M, N] = epilogue(alpha * op(A) op(B) + beta * C + bias[N]),
+ * op(X) = X^T when trans* is set; with accumulate, D's prior content takes
+ * C's place (D = alpha * op(A) op(B) + beta * D). gelu: D = gelu_tanh(.) and
+ * the pre-GELU value goes to pre_gelu_out when given. grad: bias_grad[M] =
+ * sum over k of op(A)[m, k] (TE's wgrad grad_bias = dy.sum(0) with A = dy^T).
+ * use_split_accumulator is a cuBLAS FP8 hint: accepted, no effect on the
+ * CPU (every implementation accumulates in fp32 or wider). Defaults: no
+ * transposes, alpha 1, beta 1, the flags 0. */
+typedef struct tefl_gemm_attrs {
+  size_t struct_size;
+  int32_t transa;
+  int32_t transb;
+  float alpha;
+  float beta;
+  int32_t accumulate;
+  int32_t gelu;
+  int32_t grad;
+  int32_t use_split_accumulator;
+} tefl_gemm_attrs;
+TEFL_STATIC_ASSERT(offsetof(tefl_gemm_attrs, transa) == 8, "append-only");
+TEFL_STATIC_ASSERT(offsetof(tefl_gemm_attrs, transb) == 12, "append-only");
+TEFL_STATIC_ASSERT(offsetof(tefl_gemm_attrs, alpha) == 16, "append-only");
+TEFL_STATIC_ASSERT(offsetof(tefl_gemm_attrs, beta) == 20, "append-only");
+TEFL_STATIC_ASSERT(offsetof(tefl_gemm_attrs, accumulate) == 24, "append-only");
+TEFL_STATIC_ASSERT(offsetof(tefl_gemm_attrs, gelu) == 28, "append-only");
+TEFL_STATIC_ASSERT(offsetof(tefl_gemm_attrs, grad) == 32, "append-only");
+TEFL_STATIC_ASSERT(offsetof(tefl_gemm_attrs, use_split_accumulator) == 36, "append-only");
+#define TEFL_GEMM_ATTRS_STRUCT_SIZE TEFL_STRUCT_SIZE(tefl_gemm_attrs, use_split_accumulator)
+
 /* ---- end GEMM attribute structs ---- */
 
 #ifdef __cplusplus

@@ -1,8 +1,628 @@
-// portable — gemm family (scaffold: the family's helper replaces this file).
+// default.portable — GEMM: generic_gemm and te_general_grouped_gemm.
+//
+// The fp32 core is OpenBLAS's cblas_sgemm (Debian libopenblas 0.3.21, the
+// pthread build). Around it:
+//  - Operands that are not fp32 (bf16, fp16, FP8) are converted whole to
+//    compact fp32 copies first, rows spread over the host pool (bf16/fp16
+//    exactly; FP8 through the 256-entry decode table of core/fp8.h). The
+//    FP8 scale_inv factors are folded into alpha (alpha * sa * sb).
+//  - D is computed in fp32: directly in D when D is fp32, else in an fp32
+//    scratch [M, N]. C (or D's prior content with accumulate) is copied in
+//    first and sgemm's beta applies to it; BLAS conventions hold: alpha = 0
+//    skips the product, beta = 0 skips C (the reference does the same).
+//  - One fused epilogue pass over D, rows spread over the host pool: bias,
+//    GELU (pre_gelu_out), amax (NaN ignored, as TE), output conversion
+//    (bf16/fp16 round to nearest even; FP8 fp8(D * d_scale), saturating).
+//    A plain fp32 GEMM has no epilogue pass at all.
+//  - bias_grad (grad): row sums of op(A) in double.
+//
+// Threads: OpenBLAS keeps its own pthread pool. Every sgemm runs under one
+// process-wide mutex that also sets OpenBLAS's thread count to the host
+// pool's num_threads() when it differs from the last call's, so tefl and
+// OpenBLAS agree on the thread budget and openblas_set_num_threads never
+// races a running GEMM. Concurrent GEMM calls from several threads are
+// therefore safe (and serialised in their sgemm part; the conversions and
+// epilogues run concurrently).
+#include <cblas.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <new>
+#include <vector>
+
 #include "backends/backends.h"
+#include "backends/kernel_support.h"
+#include "core/dtype.h"
+#include "core/fp8.h"
+#include "tefl/ops.h"
 
 namespace tefl::backends {
+namespace {
 
-tefl_status* RegisterPortableGemm(const tefl_registrar&) { return nullptr; }
+constexpr const char* kImpl = "default.portable";
+
+bool IsFp8(DType t) { return t == DType::kE4M3 || t == DType::kE5M2; }
+bool IsGemmType(DType t) { return IsFloatType(t) || IsFp8(t); }
+size_t ElemSize(DType t) { return IsFp8(t) ? 1 : FloatElemSize(t); }
+Fp8Format FormatOf(DType t) { return t == DType::kE4M3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2; }
+
+tefl_status* Status(const tefl_call_frame* f, int32_t code, const char* what) noexcept {
+  return KernelStatus(f, kImpl, "gemm", code, what);
+}
+
+// ---- conversions ----------------------------------------------------------------
+// n elements of any GEMM dtype to fp32 (exact).
+void ToF32(const void* src, DType t, float* dst, int64_t n) {
+  switch (t) {
+    case DType::kF32:
+      std::memcpy(dst, src, size_t(n) * 4);
+      return;
+    case DType::kBF16: {
+      const auto* p = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = BitsFloat(uint32_t(p[i]) << 16);
+      return;
+    }
+    case DType::kF16: {
+      const auto* p = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = F16ToFloat(p[i]);
+      return;
+    }
+    default: {  // FP8: every value is exact in fp32
+      const float* table = Fp8DecodeTable(FormatOf(t));
+      const auto* p = static_cast<const uint8_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = table[p[i]];
+      return;
+    }
+  }
+}
+
+// n fp32 values rounded once to t (FP8: after multiplying by scale).
+void FromF32(const float* src, DType t, void* dst, int64_t n, float scale) {
+  switch (t) {
+    case DType::kF32:
+      if (src != dst) std::memcpy(dst, src, size_t(n) * 4);
+      return;
+    case DType::kBF16: {
+      auto* p = static_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) p[i] = FloatToBF16(src[i]);
+      return;
+    }
+    case DType::kF16: {
+      auto* p = static_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) p[i] = FloatToF16(src[i]);
+      return;
+    }
+    default: {
+      const Fp8Format fmt = FormatOf(t);
+      auto* p = static_cast<uint8_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) p[i] = FloatToFp8(src[i] * scale, fmt);
+      return;
+    }
+  }
+}
+
+// A compact tensor of `n` elements as fp32: the data itself when fp32, else a
+// converted copy in `buf` (chunks spread over the host pool).
+struct ConvertCtx {
+  const void* src;
+  DType t;
+  float* dst;
+  int64_t n;
+};
+constexpr int64_t kConvertChunk = int64_t(1) << 14;
+void ConvertBody(void* ctx, int64_t begin, int64_t end) {
+  const auto& c = *static_cast<const ConvertCtx*>(ctx);
+  const size_t es = ElemSize(c.t);
+  for (int64_t blk = begin; blk < end; ++blk) {
+    const int64_t i0 = blk * kConvertChunk, i1 = std::min(c.n, i0 + kConvertChunk);
+    ToF32(static_cast<const char*>(c.src) + size_t(i0) * es, c.t, c.dst + i0, i1 - i0);
+  }
+}
+const float* AsF32(const tefl_call_frame* f, const void* src, DType t, int64_t n, std::vector<float>& buf) {
+  if (t == DType::kF32) return static_cast<const float*>(src);
+  buf.resize(size_t(n));
+  ConvertCtx c{src, t, buf.data(), n};
+  f->host->parallel_for((n + kConvertChunk - 1) / kConvertChunk, 1, ConvertBody, &c);
+  return buf.data();
+}
+
+// ---- OpenBLAS under one lock, with tefl's thread count ------------------------
+std::mutex& BlasMutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+void Sgemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+           const float* b, float beta, float* c) {
+  static int threads_set = 0;  // guarded by BlasMutex
+  const std::lock_guard<std::mutex> lock(BlasMutex());
+  const int want = std::max(1, int(f->host->num_threads()));
+  if (want != threads_set) {
+    openblas_set_num_threads(want);
+    threads_set = want;
+  }
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blasint(m), blasint(n),
+              blasint(k), alpha, a, blasint(ta ? m : k), b, blasint(tb ? k : n), beta, c, blasint(n));
+}
+
+// ---- bf16 x bf16 on AVX512-BF16 (vdpbf16ps) ---------------------------------------
+// torch's CPU bf16 matmul (oneDNN) runs on vdpbf16ps, twice the fp32 FMA rate;
+// converting to fp32 for sgemm cannot match it. This path packs op(A) and
+// op(B) into K-pair-interleaved panels and runs an 8 x 32 register-tile
+// micro-kernel: each vdpbf16ps lane adds a[k] b[k] + a[k+1] b[k+1] (products
+// exact in fp32, sums rounded to nearest even: the error bound of any fp32
+// summation order). vdpbf16ps treats subnormal inputs as zero, so packing
+// looks for subnormal bf16 values and the call falls back to the exact
+// sgemm path when there is one. Used when the CPU has avx512_bf16 and the
+// GEMM has at least kBf16MinWork multiply-adds.
+constexpr int kMR = 8, kNR = 32;     // register tile: 8 rows x 32 columns (2 zmm)
+constexpr int64_t kGroupPanels = 4;  // column panels per task (B slice stays in L2)
+constexpr int64_t kSuperRows = 64;   // rows per task (8 tiles)
+constexpr int64_t kBf16MinWork = 32 * 32 * 32;
+
+bool CpuHasBf16Dot() {
+  static const bool has =
+      __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+  return has;
+}
+
+bool IsSubnormalBf16(uint16_t h) { return (h & 0x7F80u) == 0 && (h & 0x7Fu) != 0; }
+
+struct Bf16Job {
+  int64_t m, n, k, kp;  // kp = K pairs (K rounded up to even / 2)
+  bool transa, transb;
+  const uint16_t* a;
+  const uint16_t* b;
+  uint32_t* ap;  // [ceil(M / kMR)][kp][kMR] pairs
+  uint32_t* bp;  // [ceil(N / kNR)][kp][kNR] pairs
+  float alpha, beta;
+  float* c;  // [M, N] fp32; beta != 0: holds Cterm
+  int64_t m_blocks, n_panels, m_supers, n_groups;
+};
+
+// Element (i, kk) of op(A) and (kk, j) of op(B) as bf16 bits; 0 outside.
+uint16_t ElemA(const Bf16Job& g, int64_t i, int64_t kk) {
+  if (i >= g.m || kk >= g.k) return 0;
+  return g.transa ? g.a[kk * g.m + i] : g.a[i * g.k + kk];
+}
+uint16_t ElemB(const Bf16Job& g, int64_t kk, int64_t j) {
+  if (j >= g.n || kk >= g.k) return 0;
+  return g.transb ? g.b[j * g.k + kk] : g.b[kk * g.n + j];
+}
+
+void PackABody(void* ctx, int64_t begin, int64_t end) {
+  const auto& g = *static_cast<const Bf16Job*>(ctx);
+  const int64_t full_p = g.k / 2;  // pairs inside K
+  for (int64_t blk = begin; blk < end; ++blk) {
+    uint32_t* dst = g.ap + size_t(blk) * size_t(g.kp) * kMR;
+    int64_t p0 = 0;
+    if ((blk + 1) * kMR <= g.m) {  // a full block: straight copies
+      if (!g.transa) {
+        for (int r = 0; r < kMR; ++r) {
+          const uint16_t* row = g.a + (blk * kMR + r) * g.k;
+          for (int64_t p = 0; p < full_p; ++p) std::memcpy(&dst[p * kMR + r], row + 2 * p, 4);
+        }
+      } else {
+        for (int64_t p = 0; p < full_p; ++p) {
+          const uint16_t* r0 = g.a + 2 * p * g.m + blk * kMR;
+          const uint16_t* r1 = r0 + g.m;
+          for (int r = 0; r < kMR; ++r) dst[p * kMR + r] = uint32_t(r0[r]) | (uint32_t(r1[r]) << 16);
+        }
+      }
+      p0 = full_p;
+    }
+    for (int64_t p = p0; p < g.kp; ++p)
+      for (int r = 0; r < kMR; ++r)
+        dst[p * kMR + r] =
+            uint32_t(ElemA(g, blk * kMR + r, 2 * p)) | (uint32_t(ElemA(g, blk * kMR + r, 2 * p + 1)) << 16);
+  }
+}
+
+void PackBBody(void* ctx, int64_t begin, int64_t end) {
+  const auto& g = *static_cast<const Bf16Job*>(ctx);
+  const int64_t full_p = g.k / 2;
+  for (int64_t pan = begin; pan < end; ++pan) {
+    uint32_t* dst = g.bp + size_t(pan) * size_t(g.kp) * kNR;
+    int64_t p0 = 0;
+    if ((pan + 1) * kNR <= g.n) {  // a full panel
+      if (!g.transb) {
+        for (int64_t p = 0; p < full_p; ++p) {
+          const uint16_t* r0 = g.b + 2 * p * g.n + pan * kNR;
+          const uint16_t* r1 = r0 + g.n;
+          for (int j = 0; j < kNR; ++j) dst[p * kNR + j] = uint32_t(r0[j]) | (uint32_t(r1[j]) << 16);
+        }
+      } else {
+        for (int j = 0; j < kNR; ++j) {
+          const uint16_t* col = g.b + (pan * kNR + j) * g.k;
+          for (int64_t p = 0; p < full_p; ++p) std::memcpy(&dst[p * kNR + j], col + 2 * p, 4);
+        }
+      }
+      p0 = full_p;
+    }
+    for (int64_t p = p0; p < g.kp; ++p)
+      for (int j = 0; j < kNR; ++j)
+        dst[p * kNR + j] =
+            uint32_t(ElemB(g, 2 * p, pan * kNR + j)) | (uint32_t(ElemB(g, 2 * p + 1, pan * kNR + j)) << 16);
+  }
+}
+
+// C[rows, cols] (ld ldc) = alpha * (A tile . B panel) + beta * C.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void Bf16Tile(const uint32_t* ap, const uint32_t* bp,
+                                                                              int64_t kp, float* c, int64_t ldc,
+                                                                              int rows, int cols, float alpha,
+                                                                              float beta) {
+  // 16 named accumulators: an array indexed in a loop would live on the stack.
+  __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00;
+  __m512 c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00;
+  for (int64_t p = 0; p < kp; ++p) {
+    const __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + p * kNR);
+    const __m512bh b1 = (__m512bh)_mm512_loadu_si512(bp + p * kNR + 16);
+    const uint32_t* a = ap + p * kMR;
+#define TEFL_BF16_ROW(r)                                        \
+  {                                                             \
+    const __m512bh av = (__m512bh)_mm512_set1_epi32(int(a[r])); \
+    c##r##0 = _mm512_dpbf16_ps(c##r##0, av, b0);                \
+    c##r##1 = _mm512_dpbf16_ps(c##r##1, av, b1);                \
+  }
+    TEFL_BF16_ROW(0)
+    TEFL_BF16_ROW(1)
+    TEFL_BF16_ROW(2)
+    TEFL_BF16_ROW(3)
+    TEFL_BF16_ROW(4)
+    TEFL_BF16_ROW(5)
+    TEFL_BF16_ROW(6)
+    TEFL_BF16_ROW(7)
+#undef TEFL_BF16_ROW
+  }
+  const __m512 acc[kMR][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31},
+                              {c40, c41}, {c50, c51}, {c60, c61}, {c70, c71}};
+  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  const __mmask16 m0 = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
+  const __mmask16 m1 = cols >= 32 ? __mmask16(0xFFFF) : cols <= 16 ? __mmask16(0) : __mmask16((1u << (cols - 16)) - 1);
+  for (int r = 0; r < rows; ++r) {
+    float* row = c + r * ldc;
+    __m512 v0 = _mm512_mul_ps(acc[r][0], va), v1 = _mm512_mul_ps(acc[r][1], va);
+    if (beta != 0.0f) {
+      v0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m0, row), vb, v0);
+      v1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m1, row + 16), vb, v1);
+    }
+    _mm512_mask_storeu_ps(row, m0, v0);
+    _mm512_mask_storeu_ps(row + 16, m1, v1);
+  }
+}
+
+// One task: kSuperRows rows x kGroupPanels panels; tasks of one column group
+// are consecutive, so a thread's range shares its B slice.
+void Bf16ComputeBody(void* ctx, int64_t begin, int64_t end) {
+  const auto& g = *static_cast<const Bf16Job*>(ctx);
+  const int64_t blocks_per_super = kSuperRows / kMR;
+  for (int64_t t = begin; t < end; ++t) {
+    const int64_t grp = t / g.m_supers, sup = t % g.m_supers;
+    const int64_t p0 = grp * kGroupPanels, p1 = std::min(g.n_panels, p0 + kGroupPanels);
+    const int64_t b0 = sup * blocks_per_super, b1 = std::min(g.m_blocks, b0 + blocks_per_super);
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      const uint32_t* ap = g.ap + size_t(blk) * size_t(g.kp) * kMR;
+      const int rows = int(std::min<int64_t>(kMR, g.m - blk * kMR));
+      for (int64_t pan = p0; pan < p1; ++pan) {
+        const int cols = int(std::min<int64_t>(kNR, g.n - pan * kNR));
+        Bf16Tile(ap, g.bp + size_t(pan) * size_t(g.kp) * kNR, g.kp, g.c + blk * kMR * g.n + pan * kNR, g.n, rows, cols,
+                 g.alpha, g.beta);
+      }
+    }
+  }
+}
+
+// Whether n bf16 values hold a subnormal (vdpbf16ps would read it as 0).
+bool AnySubnormalBf16(const void* p, int64_t n) {
+  const auto* h = static_cast<const uint16_t*>(p);
+  bool any = false;
+  for (int64_t i = 0; i < n; ++i) any |= IsSubnormalBf16(h[i]);
+  return any;
+}
+
+// Words of packed operands for an M x N x K bf16 GEMM.
+size_t Bf16PackedWords(int64_t m, int64_t n, int64_t k) {
+  const size_t kp = size_t((k + 1) / 2);
+  return size_t((m + kMR - 1) / kMR) * kp * kMR + size_t((n + kNR - 1) / kNR) * kp * kNR;
+}
+
+// c = alpha * op(A) op(B) + beta * c with bf16 A, B (no subnormals); packed
+// must have Bf16PackedWords(m, n, k) words of capacity (no allocation here).
+void Bf16Gemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
+              const void* b, float beta, float* c, std::vector<uint32_t>& packed) {
+  Bf16Job g;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.kp = (k + 1) / 2;
+  g.transa = ta;
+  g.transb = tb;
+  g.a = static_cast<const uint16_t*>(a);
+  g.b = static_cast<const uint16_t*>(b);
+  g.alpha = alpha;
+  g.beta = beta;
+  g.c = c;
+  g.m_blocks = (m + kMR - 1) / kMR;
+  g.n_panels = (n + kNR - 1) / kNR;
+  g.m_supers = (m + kSuperRows - 1) / kSuperRows;
+  g.n_groups = (g.n_panels + kGroupPanels - 1) / kGroupPanels;
+  const size_t a_words = size_t(g.m_blocks) * size_t(g.kp) * kMR;
+  packed.resize(a_words + size_t(g.n_panels) * size_t(g.kp) * kNR);
+  g.ap = packed.data();
+  g.bp = packed.data() + a_words;
+  f->host->parallel_for(g.m_blocks, 1, PackABody, &g);
+  f->host->parallel_for(g.n_panels, 1, PackBBody, &g);
+  f->host->parallel_for(g.n_groups * g.m_supers, 1, Bf16ComputeBody, &g);
+}
+
+// ---- one GEMM: fp32 operands, any epilogue ---------------------------------------
+struct Gemm {
+  int64_t m, n, k;
+  bool transa, transb;
+  const float* a;  // compact fp32 (NULL on the bf16 path)
+  const float* b;
+  const void* a16;  // bf16 A and B for the vdpbf16ps path, else NULL
+  const void* b16;
+  std::vector<uint32_t>* packed;  // the bf16 path's packed operands (capacity reserved)
+  float alpha, beta;              // alpha with the FP8 scale_inv factors folded in
+  const void* c;                  // Cterm source: C, or D's prior content (accumulate), or NULL
+  DType tc;
+  const float* bias;  // [N] fp32 or NULL
+  bool gelu;
+  void* pre;  // pre_gelu_out or NULL
+  DType tpre;
+  void* d;
+  DType td;
+  float d_scale;
+  std::atomic<uint32_t>* amax;  // bits of the running max |D| (non-negative floats order as integers)
+};
+
+float GeluTanh(float x) { return x * (0.5f + 0.5f * std::tanh(x * (0.79788456f + 0.03567741f * x * x))); }
+
+struct EpilogueCtx {
+  const Gemm* g;
+  float* acc;  // [M, N] fp32: D itself when D is fp32
+};
+
+void AtomicMax(std::atomic<uint32_t>* a, float v) {
+  const uint32_t bits = FloatBits(v);
+  uint32_t cur = a->load(std::memory_order_relaxed);
+  while (bits > cur && !a->compare_exchange_weak(cur, bits, std::memory_order_relaxed)) {
+  }
+}
+
+void EpilogueBody(void* ctx, int64_t begin, int64_t end) {
+  const auto& e = *static_cast<const EpilogueCtx*>(ctx);
+  const Gemm& g = *e.g;
+  const size_t n = size_t(g.n);
+  float amax = 0.0f;
+  for (int64_t r = begin; r < end; ++r) {
+    float* row = e.acc + size_t(r) * n;
+    if (g.bias)
+      for (size_t j = 0; j < n; ++j) row[j] += g.bias[j];
+    if (g.gelu) {
+      if (g.pre) FromF32(row, g.tpre, static_cast<char*>(g.pre) + size_t(r) * n * ElemSize(g.tpre), int64_t(n), 1.0f);
+      for (size_t j = 0; j < n; ++j) row[j] = GeluTanh(row[j]);
+    }
+    if (g.amax)
+      for (size_t j = 0; j < n; ++j) amax = std::fabs(row[j]) > amax ? std::fabs(row[j]) : amax;  // NaN ignored
+    if (g.td != DType::kF32)
+      FromF32(row, g.td, static_cast<char*>(g.d) + size_t(r) * n * ElemSize(g.td), int64_t(n), g.d_scale);
+  }
+  if (g.amax) AtomicMax(g.amax, amax);
+}
+
+// Runs g; `scratch` holds the fp32 result when D is not fp32.
+void Run(const tefl_call_frame* f, const Gemm& g, std::vector<float>& scratch) {
+  if (g.m == 0 || g.n == 0) return;
+  const int64_t mn = g.m * g.n;
+  float* acc = g.td == DType::kF32 ? static_cast<float*>(g.d) : nullptr;
+  if (acc == nullptr) {
+    scratch.resize(size_t(mn));
+    acc = scratch.data();
+  }
+  // Cterm into acc (beta = 0: not read, as BLAS).
+  const bool has_c = g.c != nullptr && g.beta != 0.0f;
+  if (has_c && g.c != acc) {
+    ConvertCtx c{g.c, g.tc, acc, mn};
+    f->host->parallel_for((mn + kConvertChunk - 1) / kConvertChunk, 1, ConvertBody, &c);
+  }
+  const float beta = has_c ? g.beta : 0.0f;
+  if (g.k == 0 || g.alpha == 0.0f) {  // no product: acc = beta * Cterm
+    for (int64_t i = 0; i < mn; ++i) acc[i] = beta == 0.0f ? 0.0f : beta * acc[i];
+  } else if (g.a16 != nullptr) {
+    Bf16Gemm(f, g.transa, g.transb, g.m, g.n, g.k, g.alpha, g.a16, g.b16, beta, acc, *g.packed);
+  } else {
+    Sgemm(f, g.transa, g.transb, g.m, g.n, g.k, g.alpha, g.a, g.b, beta, acc);
+  }
+  if (g.bias || g.gelu || g.amax || g.td != DType::kF32) {
+    EpilogueCtx e{&g, acc};
+    const int64_t grain = std::max<int64_t>(1, (int64_t(16) << 10) / g.n);
+    f->host->parallel_for(g.m, grain, EpilogueBody, &e);
+  }
+}
+
+// The vdpbf16ps path: bf16 A and B, a CPU with avx512_bf16, enough work, and
+// no subnormal input (the scan costs one read of A and B). `groups`: B holds
+// that many [K, N] matrices, A has rows = m_total (grouped GEMM).
+bool UseBf16Path(DType ta, DType tb, int64_t m, int64_t n, int64_t k, const void* a, const void* b, int64_t groups = 1,
+                 int64_t a_rows = -1) {
+  if (ta != DType::kBF16 || tb != DType::kBF16 || !CpuHasBf16Dot()) return false;
+  if (m * n * k < kBf16MinWork) return false;
+  const int64_t rows = a_rows >= 0 ? a_rows : m;
+  return !AnySubnormalBf16(a, rows * k) && !AnySubnormalBf16(b, groups * k * n);
+}
+
+// ---- generic_gemm ------------------------------------------------------------------
+// in: A B C bias a_scale_inv b_scale_inv d_scale; out: D pre_gelu_out bias_grad d_amax
+float ScalarOf(const DLTensor* t) { return t ? static_cast<const float*>(DataPtr(t))[0] : 1.0f; }
+
+tefl_status* GenericGemm(const tefl_call_frame* f, void*) {
+  try {
+    const auto* at = static_cast<const tefl_gemm_attrs*>(f->attrs);
+    const DLTensor* a = f->inputs[0];
+    const DLTensor* b = f->inputs[1];
+    const DLTensor* c = f->inputs[2];
+    const DLTensor* bias = f->inputs[3];
+    DLTensor* d = f->outputs[0];
+    DLTensor* pre = f->outputs[1];
+    DLTensor* bias_grad = f->outputs[2];
+    DLTensor* d_amax = f->outputs[3];
+    const DType ta = DTypeOf(a->dtype), tb = DTypeOf(b->dtype), td = DTypeOf(d->dtype);
+    if (!IsGemmType(ta) || !IsGemmType(tb) || !IsGemmType(td) || (c && !IsFloatType(DTypeOf(c->dtype))) ||
+        (bias && !IsFloatType(DTypeOf(bias->dtype))) || (pre && !IsFloatType(DTypeOf(pre->dtype))) ||
+        (bias_grad && !IsFloatType(DTypeOf(bias_grad->dtype))))
+      return Status(f, TEFL_UNSUPPORTED, "dtypes other than fp32/fp16/bf16/FP8");
+    const bool transa = at->transa != 0, transb = at->transb != 0;
+    const int64_t m = transa ? a->shape[1] : a->shape[0];
+    const int64_t k = transa ? a->shape[0] : a->shape[1];
+    const int64_t n = transb ? b->shape[0] : b->shape[1];
+
+    // Everything that can fail (allocation) happens before D is written.
+    std::vector<float> abuf, bbuf, biasbuf, scratch;
+    std::vector<uint32_t> packed;
+    const bool bf16_path = UseBf16Path(ta, tb, m, n, k, DataPtr(a), DataPtr(b));
+    if (bf16_path) packed.reserve(Bf16PackedWords(m, n, k));
+    const float* a32 = bf16_path ? nullptr : AsF32(f, DataPtr(a), ta, m * k, abuf);
+    const float* b32 = bf16_path ? nullptr : AsF32(f, DataPtr(b), tb, k * n, bbuf);
+    const float* bias32 = bias ? AsF32(f, DataPtr(bias), DTypeOf(bias->dtype), n, biasbuf) : nullptr;
+    if (td != DType::kF32) scratch.reserve(size_t(m * n));
+    std::vector<double> bgrad(bias_grad ? size_t(m) : 0);
+
+    const float sa = IsFp8(ta) ? ScalarOf(f->inputs[4]) : 1.0f;
+    const float sb = IsFp8(tb) ? ScalarOf(f->inputs[5]) : 1.0f;
+    std::atomic<uint32_t> amax{0};
+    Gemm g{};
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.transa = transa;
+    g.transb = transb;
+    g.a = a32;
+    g.b = b32;
+    g.a16 = bf16_path ? DataPtr(a) : nullptr;
+    g.b16 = bf16_path ? DataPtr(b) : nullptr;
+    g.packed = &packed;
+    g.alpha = at->alpha * sa * sb;
+    g.beta = at->beta;
+    g.c = c ? DataPtr(c) : at->accumulate ? DataPtr(d) : nullptr;
+    g.tc = c ? DTypeOf(c->dtype) : td;
+    g.bias = bias32;
+    g.gelu = at->gelu != 0;
+    g.pre = pre ? DataPtr(pre) : nullptr;
+    g.tpre = pre ? DTypeOf(pre->dtype) : DType::kF32;
+    g.d = DataPtr(d);
+    g.td = td;
+    g.d_scale = IsFp8(td) ? ScalarOf(f->inputs[6]) : 1.0f;
+    g.amax = d_amax ? &amax : nullptr;
+    // alpha = 0 means "no product" to BLAS; keep it so when the scales are 0 too.
+    if (at->alpha == 0.0f) g.alpha = 0.0f;
+    Run(f, g, scratch);
+
+    const void* araw = DataPtr(a);
+    if (bias_grad) {  // bias_grad[m] = sum_k op(A)[m, k], dequantized as TE (q * scale_inv in fp32)
+      if (transa) {   // A is [K, M]: column sums
+        for (int64_t kk = 0; kk < k; ++kk)
+          for (int64_t i = 0; i < m; ++i) bgrad[size_t(i)] += double(LoadAsFloat(araw, kk * m + i, ta) * sa);
+      } else {
+        for (int64_t i = 0; i < m; ++i) {
+          double s = 0.0;
+          for (int64_t kk = 0; kk < k; ++kk) s += double(LoadAsFloat(araw, i * k + kk, ta) * sa);
+          bgrad[size_t(i)] = s;
+        }
+      }
+      const DType tg = DTypeOf(bias_grad->dtype);
+      for (int64_t i = 0; i < m; ++i) StoreFromDouble(DataPtr(bias_grad), i, tg, bgrad[size_t(i)]);
+    }
+    if (d_amax) static_cast<float*>(DataPtr(d_amax))[0] = BitsFloat(amax.load());
+    return nullptr;
+  } catch (const std::bad_alloc&) {
+    return Status(f, TEFL_INTERNAL, "out of memory");
+  } catch (const std::exception& e) {
+    return Status(f, TEFL_INTERNAL, e.what());
+  } catch (...) {
+    return Status(f, TEFL_INTERNAL, "unknown exception");
+  }
+}
+
+// ---- te_general_grouped_gemm ---------------------------------------------------
+// in: A[S, K] B[G, K, N] or [G, N, K] m_splits[G] bias[G, N]; out: D[S, N]
+tefl_status* GroupedGemm(const tefl_call_frame* f, void*) {
+  try {
+    const auto* at = static_cast<const tefl_gemm_attrs*>(f->attrs);
+    const DLTensor* a = f->inputs[0];
+    const DLTensor* b = f->inputs[1];
+    const auto* splits = static_cast<const int64_t*>(DataPtr(f->inputs[2]));
+    const DLTensor* bias = f->inputs[3];
+    DLTensor* d = f->outputs[0];
+    const DType ta = DTypeOf(a->dtype), tb = DTypeOf(b->dtype), td = DTypeOf(d->dtype);
+    if (!IsFloatType(ta) || !IsFloatType(tb) || !IsFloatType(td) || (bias && !IsFloatType(DTypeOf(bias->dtype))))
+      return Status(f, TEFL_UNSUPPORTED, "dtypes other than fp32/fp16/bf16");
+    const int64_t groups = b->shape[0];
+    const int64_t rows = a->shape[0];
+    const int64_t k = a->shape[1];
+    const int64_t n = at->transb ? b->shape[1] : b->shape[2];
+
+    std::vector<float> abuf, bbuf, biasbuf, scratch;
+    std::vector<uint32_t> packed;
+    int64_t max_m = 0;
+    for (int64_t grp = 0; grp < groups; ++grp) max_m = std::max(max_m, splits[grp]);
+    const bool bf16_path = UseBf16Path(ta, tb, max_m, n, k, DataPtr(a), DataPtr(b), groups, rows);
+    if (bf16_path) packed.reserve(Bf16PackedWords(max_m, n, k));
+    const float* a32 = bf16_path ? nullptr : AsF32(f, DataPtr(a), ta, rows * k, abuf);
+    const float* b32 = bf16_path ? nullptr : AsF32(f, DataPtr(b), tb, groups * k * n, bbuf);
+    const float* bias32 = bias ? AsF32(f, DataPtr(bias), DTypeOf(bias->dtype), groups * n, biasbuf) : nullptr;
+    if (td != DType::kF32) scratch.reserve(size_t(rows * n));  // the largest group fits
+
+    const size_t ed = FloatElemSize(td);
+    int64_t row = 0;
+    for (int64_t grp = 0; grp < groups; ++grp) {
+      Gemm g{};
+      g.m = splits[grp];
+      g.n = n;
+      g.k = k;
+      g.transb = at->transb != 0;
+      g.a = a32 ? a32 + row * k : nullptr;
+      g.b = b32 ? b32 + grp * k * n : nullptr;
+      g.a16 = bf16_path ? static_cast<const uint16_t*>(DataPtr(a)) + row * k : nullptr;
+      g.b16 = bf16_path ? static_cast<const uint16_t*>(DataPtr(b)) + grp * k * n : nullptr;
+      g.packed = &packed;
+      g.alpha = at->alpha;
+      g.beta = at->beta;
+      g.d = static_cast<char*>(DataPtr(d)) + size_t(row * n) * ed;
+      g.td = td;
+      g.c = at->accumulate ? g.d : nullptr;
+      g.tc = td;
+      g.bias = bias32 ? bias32 + grp * n : nullptr;
+      g.gelu = at->gelu != 0;
+      g.d_scale = 1.0f;
+      Run(f, g, scratch);
+      row += g.m;
+    }
+    return nullptr;
+  } catch (const std::bad_alloc&) {
+    return Status(f, TEFL_INTERNAL, "out of memory");
+  } catch (const std::exception& e) {
+    return Status(f, TEFL_INTERNAL, e.what());
+  } catch (...) {
+    return Status(f, TEFL_INTERNAL, "unknown exception");
+  }
+}
+
+}  // namespace
+
+tefl_status* RegisterPortableGemm(const tefl_registrar& registrar) {
+  static constexpr KernelEntry kEntries[] = {
+      {"generic_gemm", GenericGemm},
+      {"te_general_grouped_gemm", GroupedGemm},
+  };
+  return RegisterCpuKernels(registrar, kImpl, TEFL_KIND_DEFAULT, kEntries);
+}
 
 }  // namespace tefl::backends
