@@ -4,10 +4,10 @@
 //   residual -> rmsnorm -> SwiGLU MLP -> residual, and the backward pass.
 // The layer runs twice: under the policy in force (TE_FL_* variables) and
 // pinned to reference.cpp; each op's outputs are compared between the two.
-// tefl has no generic_gemm yet: GEMMs (projections, the attention score and
-// context products) and residual adds are the demo's own plain code, marked
-// "demo code" in the table. Attention's softmax is tefl's
-// scaled_upper_triang_masked_softmax (causal).
+// Every projection product (forward, dgrad, wgrad) is tefl's generic_gemm
+// (row-major, transposes as attributes: docs/ops-gemm.md), attention is
+// fused_attn_fwd/bwd (bshd, causal); the residual adds are the demo's own
+// plain loops, marked "demo code" in the table.
 #include <fmt/format.h>
 
 #include <chrono>
@@ -48,34 +48,6 @@ Floats RandomFloats(size_t n, float scale, uint64_t seed) {
   Floats v(n);
   for (float& x : v) x = dist(rng);
   return v;
-}
-
-// C[m, n] (+)= A[m, k] * B[k, n], with optional transposes given as strides:
-// A(i, p) = a[i * a_row + p * a_col], B(p, j) = b[p * b_row + j * b_col].
-// Row-major plain loops, fp32 accumulation, threads over rows of C; a
-// transposed B is copied to row-major first so the inner loop is contiguous.
-void Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_row, int64_t a_col, const float* b, int64_t b_row,
-          int64_t b_col, float* c, bool accumulate) {
-  Floats packed;
-  if (b_col != 1) {
-    packed.resize(size_t(k * n));
-    for (int64_t p = 0; p < k; ++p)
-      for (int64_t j = 0; j < n; ++j) packed[size_t(p * n + j)] = b[p * b_row + j * b_col];
-    b = packed.data();
-    b_row = n;
-  }
-  ParallelFor(m, 4, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      float* ci = c + i * n;
-      if (!accumulate)
-        for (int64_t j = 0; j < n; ++j) ci[j] = 0;
-      for (int64_t p = 0; p < k; ++p) {
-        const float av = a[i * a_row + p * a_col];
-        const float* bp = b + p * b_row;
-        for (int64_t j = 0; j < n; ++j) ci[j] += av * bp[j];
-      }
-    }
-  });
 }
 
 class Layer {
@@ -132,21 +104,23 @@ class Layer {
     return it->second;
   }
   // One op through the manager; its outputs are recorded for the comparison.
-  void Call(const char* op, std::vector<Tensor*> in, std::vector<Tensor*> out, const void* attrs) {
+  void Call(const char* op, std::vector<Tensor*> in, std::vector<Tensor*> out, const void* attrs,
+            const std::string& label = "") {
     std::vector<const DLTensor*> din;
     std::vector<DLTensor*> dout;
     for (Tensor* t : in) din.push_back(t ? &t->dl() : nullptr);
-    for (Tensor* t : out) dout.push_back(t->ptr());
+    for (Tensor* t : out) dout.push_back(t ? t->ptr() : nullptr);
     OpManager& mgr = GetDefaultManager();
     const auto t0 = Clock::now();
     const Status s = mgr.Call(op, din, dout, attrs);
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     if (!s.ok()) throw CliError(fmt::format("demo: {} failed: {}", op, s.message()));
-    OpStat& st = Stat(op, false);
+    OpStat& st = Stat(label.empty() ? std::string(op) : label, false);
     st.impl = mgr.GetSelectedImplId(op);
     ++st.calls;
     st.seconds += dt;
-    for (Tensor* t : out) st.outputs.push_back(ToFloats(*t));
+    for (Tensor* t : out)
+      if (t) st.outputs.push_back(ToFloats(*t));
   }
   // The demo's own code, timed and recorded like an op.
   template <class Fn>
@@ -158,12 +132,23 @@ class Layer {
     st.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
     for (const Floats* o : outputs) st.outputs.push_back(*o);
   }
+  // C[m, n] = op(a) op(b) through generic_gemm (row-major; op = transpose
+  // when ta / tb). `what` names the product in the table.
   void MatMul(const std::string& what, int64_t m, int64_t n, int64_t k, const Floats& a, bool ta, const Floats& b,
               bool tb, Floats* c) {
-    c->assign(size_t(m * n), 0.0f);
-    Own("gemm (" + what + ")",
-        [&] { Gemm(m, n, k, a.data(), ta ? 1 : k, ta ? m : 1, b.data(), tb ? 1 : n, tb ? k : 1, c->data(), false); },
-        {c});
+    const DType dt = cfg_.dtype;
+    Tensor at = ToTensor(a, ta ? std::vector<int64_t>{k, m} : std::vector<int64_t>{m, k}, dt);
+    Tensor bt = ToTensor(b, tb ? std::vector<int64_t>{n, k} : std::vector<int64_t>{k, n}, dt);
+    Tensor ct(dt, {m, n});
+    tefl_gemm_attrs g{};
+    g.struct_size = TEFL_GEMM_ATTRS_STRUCT_SIZE;
+    g.transa = ta ? 1 : 0;
+    g.transb = tb ? 1 : 0;
+    g.alpha = 1.0f;
+    g.beta = 0.0f;
+    Call("generic_gemm", {&at, &bt, nullptr, nullptr, nullptr, nullptr, nullptr}, {&ct, nullptr, nullptr, nullptr}, &g,
+         "generic_gemm (" + what + ")");
+    *c = ToFloats(ct);
   }
 
   // Head slices: q/k/v [b, s, H, Dh] from qkv [T, 3D] (part 0, 1, 2), and back.
@@ -179,41 +164,18 @@ class Layer {
     for (int64_t r = 0; r < t; ++r)
       for (int64_t j = 0; j < d; ++j) (*qkv)[size_t(r * 3 * d + part * d + j)] = src[size_t(r * d + j)];
   }
-  // Per (batch, head) products of the attention: [b*H] independent GEMMs on
-  // [s, Dh] head matrices read with the token stride D.
-  void HeadGemm(const std::string& what, const Floats& a, const Floats& b, Floats* c, int mode) {
-    const int64_t s = cfg_.seq, hd = cfg_.head_dim(), d = cfg_.hidden, bh = cfg_.batch * cfg_.heads;
-    Own("gemm (" + what + ")",
-        [&] {
-          for (int64_t i = 0; i < bh; ++i) {
-            const int64_t bi = i / cfg_.heads, h = i % cfg_.heads;
-            const int64_t tok = bi * s * d + h * hd;  // offset of the head in [T, D]
-            float* ss = c->data() + i * s * s;
-            float* hc = c->data() + tok;
-            switch (mode) {
-              case 0:  // scores[s, s] = q k^T
-                Gemm(s, s, hd, a.data() + tok, d, 1, b.data() + tok, 1, d, ss, false);
-                break;
-              case 1:  // o[s, Dh] = P v
-                Gemm(s, hd, s, a.data() + i * s * s, s, 1, b.data() + tok, d, 1, hc, false);
-                break;
-              case 2:  // dP[s, s] = dO v^T
-                Gemm(s, s, hd, a.data() + tok, d, 1, b.data() + tok, 1, d, ss, false);
-                break;
-              case 3:  // dv[s, Dh] = P^T dO
-                Gemm(s, hd, s, a.data() + i * s * s, 1, s, b.data() + tok, d, 1, hc, false);
-                break;
-              case 4:  // dq[s, Dh] = dS k
-                Gemm(s, hd, s, a.data() + i * s * s, s, 1, b.data() + tok, d, 1, hc, false);
-                break;
-              default:  // dk[s, Dh] = dS^T q
-                Gemm(s, hd, s, a.data() + i * s * s, 1, s, b.data() + tok, d, 1, hc, false);
-                break;
-            }
-          }
-        },
-        {c});
+  tefl_attention_attrs AttentionAttrs() const {
+    tefl_attention_attrs a{};
+    a.struct_size = TEFL_ATTENTION_ATTRS_STRUCT_SIZE;
+    a.qkv_format = TEFL_QKV_BSHD;
+    a.mask_type = TEFL_ATTN_MASK_CAUSAL;
+    a.window_left = -1;
+    a.window_right = 0;
+    a.softmax_type = TEFL_ATTN_SOFTMAX_VANILLA;
+    a.scale = 1.0f / std::sqrt(float(cfg_.head_dim()));
+    return a;
   }
+
   void Add(const std::string& what, const Floats& a, const Floats& b, Floats* c) {
     c->resize(a.size());
     Own("residual add (" + what + ")",
@@ -244,15 +206,14 @@ class Layer {
       (part == 0 ? q_ : k_) = ToFloats(out);
     }
     v_ = Slice(qkv_, 2);
-    // 4. causal attention: scores, softmax (tefl), context
-    Floats scores(size_t(b * h * s * s));
-    HeadGemm("attention scores q k^T", q_, k_, &scores, 0);
-    const tefl_softmax_attrs sm{TEFL_SOFTMAX_ATTRS_STRUCT_SIZE, 1.0f / std::sqrt(float(hd))};
-    Tensor st = ToTensor(scores, {b * h, s, s}, dt), pt(dt, {b * h, s, s});
-    Call("scaled_upper_triang_masked_softmax_forward", {&st}, {&pt}, &sm);
-    p_ = ToFloats(pt);
-    o_.assign(size_t(t * d), 0.0f);
-    HeadGemm("attention context P v", p_, v_, &o_, 1);
+    // 4. causal attention (flash: no [s, s] scores in memory); o is [b, s, H, Dh] = [T, D]
+    const tefl_attention_attrs attn = AttentionAttrs();
+    Tensor qt = ToTensor(q_, {b, s, h, hd}, dt), kt = ToTensor(k_, {b, s, h, hd}, dt),
+           vt = ToTensor(v_, {b, s, h, hd}, dt);
+    Tensor ot(dt, {b, s, h, hd}), stats(DType::kF32, {b, h, s});
+    Call("fused_attn_fwd", {&qt, &kt, &vt, nullptr, nullptr, nullptr}, {&ot, &stats}, &attn);
+    o_ = ToFloats(ot);
+    stats_lse_ = stats;
     // 5. output projection, residual
     Floats a;
     MatMul("output projection", t, d, d, o_, false, w_o_, false, &a);
@@ -292,16 +253,15 @@ class Layer {
     Floats d_o, dwo;
     MatMul("output projection, dgrad", t, d, d, dr1f, false, w_o_, true, &d_o);
     MatMul("output projection, wgrad", d, d, t, o_, true, dr1f, false, &dwo);
-    // attention backward
-    Floats dp(size_t(b * h * s * s)), dv(size_t(t * d)), dq(size_t(t * d)), dk(size_t(t * d));
-    HeadGemm("attention dP = dO v^T", d_o, v_, &dp, 2);
-    HeadGemm("attention dv = P^T dO", p_, d_o, &dv, 3);
-    const tefl_softmax_attrs sm{TEFL_SOFTMAX_ATTRS_STRUCT_SIZE, 1.0f / std::sqrt(float(hd))};
-    Tensor dpt = ToTensor(dp, {b * h, s, s}, dt), pt = ToTensor(p_, {b * h, s, s}, dt), dst(dt, {b * h, s, s});
-    Call("scaled_upper_triang_masked_softmax_backward", {&dpt, &pt}, {&dst}, &sm);
-    const Floats ds = ToFloats(dst);
-    HeadGemm("attention dq = dS k", ds, k_, &dq, 4);
-    HeadGemm("attention dk = dS^T q", ds, q_, &dk, 5);
+    // attention backward (recomputes the probabilities from the saved statistics)
+    const tefl_attention_attrs attn = AttentionAttrs();
+    Tensor qt = ToTensor(q_, {b, s, h, hd}, dt), kt = ToTensor(k_, {b, s, h, hd}, dt),
+           vt = ToTensor(v_, {b, s, h, hd}, dt);
+    Tensor ot = ToTensor(o_, {b, s, h, hd}, dt), dot = ToTensor(d_o, {b, s, h, hd}, dt);
+    Tensor dqt(dt, {b, s, h, hd}), dkt(dt, {b, s, h, hd}), dvt(dt, {b, s, h, hd});
+    Call("fused_attn_bwd", {&qt, &kt, &vt, &ot, &dot, &stats_lse_, nullptr, nullptr, nullptr},
+         {&dqt, &dkt, &dvt, nullptr}, &attn);
+    const Floats dq = ToFloats(dqt), dk = ToFloats(dkt), dv = ToFloats(dvt);
     // RoPE backward, gradients back into [T, 3D]
     const tefl_rope_attrs rope{TEFL_ROPE_ATTRS_STRUCT_SIZE, TEFL_QKV_BSHD, 0, 1, 0};
     Tensor freqs = ToTensor(freqs_, {s, 1, 1, hd}, DType::kF32);
@@ -322,8 +282,8 @@ class Layer {
 
   Config cfg_;
   Floats w_qkv_, w_o_, w_1_, w_2_, g1_, g2_, x_, dy_, freqs_;
-  Floats n1_, qkv_, q_, k_, v_, p_, o_, r1_, n2_, u_, m_;
-  Tensor rs1_, rs2_;
+  Floats n1_, qkv_, q_, k_, v_, o_, r1_, n2_, u_, m_;
+  Tensor rs1_, rs2_, stats_lse_;
   std::map<std::string, OpStat>* stats_ = nullptr;
   std::vector<std::string>* order_ = nullptr;
 };
@@ -418,7 +378,7 @@ void AddDemoCommand(CLI::App& app) {
                 (long long)cfg.batch, (long long)cfg.seq, (long long)cfg.hidden, (long long)cfg.heads,
                 (long long)cfg.head_dim(), (long long)cfg.ffn, args->dtype.c_str(), ThreadPoolSize());
     std::printf("  policy %s\n\n%s\n", GetPolicy().Fingerprint().c_str(), t.ToString().c_str());
-    std::printf("'demo code': tefl has no generic_gemm yet; GEMMs and residual adds are the demo's own plain loops.\n");
+    std::printf("'demo code': the residual adds are the demo's own plain loops (tefl has no add op).\n");
     std::printf("layer forward + backward: %.1f ms, %.0f tokens/s\n", seconds * 1e3, tokens_per_s);
   });
 }
