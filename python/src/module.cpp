@@ -13,10 +13,12 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "bindings.h"
 #include "core/logging.h"
 #include "core/registry.h"
+#include "tefl/attention.hpp"
 
 namespace tefl::python {
 
@@ -209,6 +211,71 @@ nb::dict ExplainCall(OpManager* manager, int32_t op_id, nb::handle inputs, nb::h
   }
   d["candidates"] = cands;
   d["error"] = r.error;
+  return d;
+}
+
+// GetAttentionBackend (include/tefl/attention.hpp) for a dict of parameters
+// (keys as AttentionParams' fields; absent keys keep their defaults).
+nb::dict AttentionBackendCall(OpManager* manager, nb::dict p, nb::handle policy) {
+  AttentionParams params;
+  auto get = [&](const char* key, auto* field) {
+    if (p.contains(key) && !p[key].is_none()) *field = nb::cast<std::remove_pointer_t<decltype(field)>>(p[key]);
+  };
+  if (p.contains("dtype") && !p["dtype"].is_none()) {
+    const std::string name = nb::cast<std::string>(p["dtype"]);
+    DType t = DType::kUnknown;
+    for (int v = 0; v < 16; ++v)
+      if (DType(v) != DType::kUnknown && name == DTypeName(DType(v))) t = DType(v);
+    if (t == DType::kUnknown)
+      RaiseStatus(Status(TEFL_INVALID_ARGUMENT, "get_attention_backend: unknown dtype '" + name + "'"));
+    params.dtype = DLTypeOf(t);
+  }
+  if (p.contains("device_type") && !p["device_type"].is_none())
+    params.device.device_type = DLDeviceType(nb::cast<int32_t>(p["device_type"]));
+  get("qkv_format", &params.qkv_format);
+  get("batch", &params.batch);
+  get("seqlen_q", &params.seqlen_q);
+  get("seqlen_kv", &params.seqlen_kv);
+  get("num_heads_q", &params.num_heads_q);
+  get("num_heads_kv", &params.num_heads_kv);
+  get("head_dim_qk", &params.head_dim_qk);
+  get("head_dim_v", &params.head_dim_v);
+  get("mask_type", &params.mask_type);
+  get("window_left", &params.window_left);
+  get("window_right", &params.window_right);
+  get("softmax_type", &params.softmax_type);
+  get("scale", &params.scale);
+  get("dropout", &params.dropout);
+  get("is_training", &params.is_training);
+  get("backward", &params.backward);
+  get("cu_seqlens_q", &params.cu_seqlens_q);
+  get("cu_seqlens_kv", &params.cu_seqlens_kv);
+  AttentionBackend b;
+  {
+    ScopedOverride override_policy(PolicyOrNull(policy));
+    b = GetAttentionBackend(params, *manager);
+  }
+  nb::dict d;
+  d["available"] = b.available;
+  d["impl_id"] = b.impl_id;
+  d["fallbacks"] = b.fallbacks;
+  d["error"] = b.error;
+  d["op"] = b.resolution.op_name;
+  d["signature"] = b.resolution.signature;
+  d["policy"] = b.resolution.policy;
+  d["chain"] = b.resolution.chain;
+  nb::list cands;
+  for (const CandidateReport& c : b.resolution.candidates) {
+    nb::dict cd;
+    cd["impl_id"] = c.impl_id;
+    cd["kind"] = KindName(c.kind);
+    cd["vendor"] = c.vendor;
+    cd["accepted"] = c.accepted;
+    cd["reason"] = c.reason;
+    cands.append(cd);
+  }
+  d["candidates"] = cands;
+  d["text"] = b.ToString();
   return d;
 }
 
@@ -407,6 +474,13 @@ NB_MODULE(_core, m) {
           [](PyManager& self, int32_t op_id, nb::handle inputs, nb::handle outputs, nb::handle attrs,
              nb::handle policy) { return ExplainCall(self.mgr, op_id, inputs, outputs, attrs, policy); },
           nb::arg("op_id"), nb::arg("inputs"), nb::arg("outputs"), nb::arg("attrs").none(), nb::arg("policy").none())
+      .def(
+          "attention_backend",
+          [](PyManager& self, nb::dict params, nb::handle policy) {
+            return AttentionBackendCall(self.mgr, params, policy);
+          },
+          nb::arg("params"), nb::arg("policy").none(),
+          "Which fused_attn implementation would serve a call with these parameters, and why not the others")
       .def("selected_impl_id", [](PyManager& self, const std::string& op) { return self.mgr->GetSelectedImplId(op); });
 
   m.def(

@@ -21,6 +21,8 @@ from .core import (PLUGIN_GROUP, PLUGIN_MODULES_ENV, PREFER_DEFAULT, PREFER_REFE
                    reset_default_manager, reset_global_policy, set_global_policy, with_allowed_vendors,
                    with_denied_vendors, with_preference, with_strict_mode)
 from ._te import install_stub, load_plugins
+from ._te_api import (FlashAttention, Float8Quantizer, Float8Tensor, attention_backend, flash_attention,
+                      generic_gemm, get_attention_backend, get_flash_attention_class)
 
 __version__ = "0.1.0"
 
@@ -33,7 +35,8 @@ __all__ = [
     "discover_from_env_modules", "get_discovered_plugin", "clear_discovered_plugin", "PLUGIN_GROUP",
     "PLUGIN_MODULES_ENV", "install_stub", "load_plugins", "DType", "NVTE_Mask_Type", "NVTE_QKV_Format",
     "NVTE_Bias_Type", "NVTE_Softmax_Type", "NVTE_Fused_Attn_Backend", "TeflError", "Unsupported", "call",
-    "ops",
+    "ops", "generic_gemm", "get_attention_backend", "attention_backend", "flash_attention",
+    "get_flash_attention_class", "FlashAttention", "Float8Tensor", "Float8Quantizer",
 ]
 
 

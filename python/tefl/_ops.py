@@ -252,6 +252,16 @@ class OpSignature:
             if given is None and has_outs:
                 given = f"_pick(out, {k}, {nout})"
             rule = output_rule(s, k)
+            optional = s["outputs"][k]["optional"]
+            cond = None
+            if rule is not None and len(rule) == 4:
+                cond = rule[3]
+                rule = rule[:3]
+            if optional and (rule is None or cond is None):
+                # An optional output is produced only when asked for (out=),
+                # or when its rule's condition holds (e.g. pre_gelu_out with gelu).
+                alloc_lines.append(f"_o{k} = {given if given is not None else 'None'}")
+                continue
             if rule is None:
                 alloc = f"_need_out({self.name!r}, {n!r})"
             else:
@@ -265,7 +275,10 @@ class OpSignature:
                     alloc = f"_like({ref})"  # torch.empty_like is 2x cheaper than torch.empty
                 else:
                     alloc = f"_empty({ref}, {shape}, {dtype})"
-            if given is None:
+            if cond is not None:
+                alloc_lines.append(f"_o{k} = {given if given is not None else 'None'}")
+                alloc_lines.append(f"if _o{k} is None and ({cond}): _o{k} = {alloc}")
+            elif given is None:
                 alloc_lines.append(f"_o{k} = {alloc}")
             else:
                 alloc_lines.append(f"_o{k} = {given}")
@@ -515,6 +528,12 @@ def _prod(xs) -> int:
     return math.prod(xs)
 
 
+def _gemm_float(dtype):
+    """generic_gemm's pre-GELU / bias-gradient dtype: A's when a float, else float32."""
+    name = dtype_name(dtype)
+    return "float32" if name.startswith("float8") else name
+
+
 # Dropout randomness: when no seed is given, each call draws one from the
 # framework's default generator (torch's for torch tensors, numpy's global
 # one otherwise), so torch.manual_seed / numpy.random.seed make runs
@@ -561,5 +580,6 @@ _HELPERS = {
     "_alloc_error": _alloc_error,
     "_split3": _split3,
     "_prod": _prod,
+    "_gemm_float": _gemm_float,
     "_dropout_rng": _dropout_rng,
 }

@@ -105,6 +105,10 @@ def generic_rule(schema, k: int) -> Rule:
             return repr(fixed)
         if dtype_src in names:
             return f"_i{names.index(dtype_src)}.dtype"
+        if not set(out["dtypes"]) & set(schema["inputs"][j]["dtypes"]):
+            # e.g. quantize's q (FP8) like x (float): the output's first dtype
+            # (E4M3; float32 for dequantize); out= chooses another.
+            return repr(out["dtypes"][0])
         return f"_i{j}.dtype"
 
     target = _like_target(doc)
@@ -169,9 +173,64 @@ def _qkv_rope_backward(schema, k: int) -> Rule:
     return f"({q}.shape[0], {q}.shape[1], {h}, {qs} + {ks} + {vs})", f"{q}.dtype", q
 
 
+def _index(schema, kind: str, name: str) -> str:
+    names = [a["name"] for a in schema[kind]]
+    return f"_{'i' if kind == 'inputs' else 'a'}{names.index(name)}"
+
+
+# generic_gemm (row-major, docs/ops-gemm.md): D [M, N] with M from op(A) and N
+# from op(B); pre_gelu_out when gelu, bias_grad [M] when grad; d_amax only
+# when passed.
+def _generic_gemm(schema, k: int):
+    a, b = _index(schema, "inputs", "A"), _index(schema, "inputs", "B")
+    ta, tb = _index(schema, "attrs", "transa"), _index(schema, "attrs", "transb")
+    m = f"({a}.shape[1] if {ta} else {a}.shape[0])"
+    n = f"({b}.shape[0] if {tb} else {b}.shape[1])"
+    name = schema["outputs"][k]["name"]
+    if name == "D":
+        return f"({m}, {n})", f"{a}.dtype", a
+    if name == "pre_gelu_out":
+        return f"({m}, {n})", f"_gemm_float({a}.dtype)", a, _index(schema, "attrs", "gelu")
+    if name == "bias_grad":
+        return f"({m},)", f"_gemm_float({a}.dtype)", a, _index(schema, "attrs", "grad")
+    raise NotInferable(name)
+
+
+# te_general_grouped_gemm: D [sum(m_splits), N] with N from B [G, K, N] ([G, N, K] with transb).
+def _grouped_gemm(schema, k: int) -> Rule:
+    a, b = _index(schema, "inputs", "A"), _index(schema, "inputs", "B")
+    tb = _index(schema, "attrs", "transb")
+    return f"({a}.shape[0], ({b}.shape[1] if {tb} else {b}.shape[2]))", f"{a}.dtype", a
+
+
+# fused_attn_fwd: o like q with v's head dim; stats [b, h_q, sq] (thd: [h_q, t_q]).
+def _attn_fwd(schema, k: int) -> Rule:
+    q, v = _index(schema, "inputs", "q"), _index(schema, "inputs", "v")
+    fmt = _index(schema, "attrs", "qkv_format")
+    if schema["outputs"][k]["name"] == "o":
+        return f"(*{q}.shape[:-1], {v}.shape[-1])", f"{q}.dtype", q
+    return (f"(({q}.shape[1], {q}.shape[2], {q}.shape[0]) if {fmt} == 0 else "
+            f"({q}.shape[0], {q}.shape[2], {q}.shape[1]) if {fmt} == 1 else ({q}.shape[1], {q}.shape[0]))",
+            "'float32'", q)
+
+
+# fused_attn_bwd: dq, dk, dv like q, k, v; d_softmax_offset [h_q] when softmax_offset is given.
+def _attn_bwd(schema, k: int):
+    name = schema["outputs"][k]["name"]
+    if name == "d_softmax_offset":
+        alpha = _index(schema, "inputs", "softmax_offset")
+        return f"{alpha}.shape", "'float32'", alpha, f"{alpha} is not None"
+    src = _index(schema, "inputs", name[1:])
+    return f"{src}.shape", f"{src}.dtype", src
+
+
 FAMILY_RULES: Dict[str, Callable[[dict, int], Rule]] = {
     "fused_qkv_rope_forward": _qkv_rope_forward,
     "fused_qkv_rope_backward": _qkv_rope_backward,
+    "generic_gemm": _generic_gemm,
+    "te_general_grouped_gemm": _grouped_gemm,
+    "fused_attn_fwd": _attn_fwd,
+    "fused_attn_bwd": _attn_bwd,
 }
 
 

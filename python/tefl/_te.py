@@ -23,6 +23,9 @@ NV_NAME = "transformer_engine_torch_nv"
 # TE reads these only "if present"; tefl provides them when its catalogue has
 # an attention op family, so they are never forwarded from the native module.
 ATTENTION_NAMES = ("flash_attention", "get_attention_backend", "get_flash_attention_class")
+# Served by tefl._te_api with TransformerEngine's call conventions.
+TE_API = {"generic_gemm": "generic_gemm", "flash_attention": "FlashAttention",
+          "get_attention_backend": "get_attention_backend", "get_flash_attention_class": "get_flash_attention_class"}
 
 
 class TeflTexModule(types.ModuleType):
@@ -35,6 +38,12 @@ class TeflTexModule(types.ModuleType):
 
         if name.startswith("__"):
             raise AttributeError(name)
+        if name in TE_API:  # TE's conventions, not the catalogue op's generated signature
+            from . import _te_api
+
+            f = getattr(_te_api, TE_API[name])
+            setattr(self, name, f)
+            return f
         schema = BY_NAME.get(name)
         if schema is not None:
             mgr = get_default_manager()
@@ -53,6 +62,7 @@ class TeflTexModule(types.ModuleType):
 
         names = set(self.__dict__)
         names.update(get_default_manager().registry.list_operators())
+        names.update(TE_API)
         nv = self.__dict__.get("_nv")
         if nv is not None:
             names.update(n for n in dir(nv) if n not in ATTENTION_NAMES)

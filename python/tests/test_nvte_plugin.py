@@ -80,8 +80,9 @@ def test_success_path(clean_modules, monkeypatch):
     # everything else of TE stays reachable
     assert tex.get_cublasLt_version() == 120000
     assert tex.DType.kBFloat16 == 6 and tex.NVTE_QKV_Format.NVTE_THD == 2 and tex.NVTE_CAUSAL_MASK == 2
-    # no attention family in tefl's catalogue: TE keeps its own attention
-    assert overrides == {} and not hasattr(tex, "flash_attention")
+    # tefl's attention overrides TE's (the NVTE_PLUGIN contract), with TE's conventions
+    assert overrides == {"flash_attention": tefl.FlashAttention, "get_attention_backend": tefl.get_attention_backend}
+    assert tex.generic_gemm is tefl.generic_gemm
     assert "rmsnorm_fwd" in dir(tex)
 
 

@@ -7,7 +7,7 @@ import torch
 
 import tefl
 from tefl._ops import SCHEMAS, SIGNATURES
-from opgen import as_np, make_call
+from opgen import as_np, has_fp8, make_call
 
 TOL = {"float32": 2e-4, "float16": 4e-3, "bfloat16": 3e-2}
 OPS = sorted(s["name"] for s in SCHEMAS)
@@ -23,6 +23,9 @@ def _compare(a, b, dtype, what):
         assert (x is None) == (y is None), what
         if x is None:
             continue
+        if "float8" in str(x.dtype):  # neighbouring FP8 codes (the fused maths round differently)
+            np.testing.assert_allclose(as_np(x), as_np(y), rtol=0.26, atol=1e-2, err_msg=what)
+            continue
         np.testing.assert_allclose(as_np(x), as_np(y), rtol=TOL[dtype], atol=TOL[dtype], err_msg=what)
 
 
@@ -33,6 +36,8 @@ def test_op_matches_reference(manager, op, dtype, lib):
     schema = tefl._ops.BY_NAME[op]
     if lib == "numpy" and dtype == "bfloat16":
         pytest.skip("numpy has no bfloat16")
+    if lib == "numpy" and has_fp8(schema):
+        pytest.skip("numpy has no float8 dtypes")
     impls = {i.impl_id: i for i in manager.registry.get_implementations(op)}
     if "reference.cpp" not in impls:
         pytest.skip(f"{op}: no reference.cpp implementation registered in this build")

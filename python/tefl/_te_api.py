@@ -1,0 +1,363 @@
+"""TransformerEngine's call conventions for GEMM and attention, on tefl's ops.
+
+- ``generic_gemm(A, transA, B, transB, D, quantizer, output_dtype, bias,
+  bias_type, gelu, gelu_in, grad, workspace, workspace_size, accumulate,
+  use_split_accumulator)`` -> ``(out, bias_grad, gelu_input, extra_output)``:
+  TE states GEMMs in cuBLAS column-major terms; tefl's ``generic_gemm`` op is
+  row-major. A column-major ``D = op(A) op(B)`` over row-major torch tensors is
+  the row-major ``D = op(B) op(A)`` with the same transpose flags, so this
+  function calls the op with A and B (and their flags) swapped
+  (docs/ops-gemm.md has the table). FP8 operands are TE ``Float8Tensor``-like
+  objects (``_data``, ``_scale_inv``) or float8 torch tensors with
+  ``A_scale_inv=`` / ``B_scale_inv=``; an FP8 output comes from a quantizer
+  (``scale``, ``amax``, ``dtype``).
+- ``get_attention_backend(attention_params)`` -> TE's 6-tuple, from tefl's
+  resolution of ``fused_attn_fwd`` for those parameters.
+- ``flash_attention`` / ``FlashAttention``: TE's attention module contract
+  (built with ``softmax_scale, attention_type=, layer_number=,
+  deterministic=, attention_dropout=, attention_dropout_ctx=``; called with
+  q, k, v and the layout/mask arguments) running ``fused_attn_fwd`` and, with
+  autograd, ``fused_attn_bwd``.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple
+
+from ._types import DType, dtype_name
+
+# ---- FP8 tensors and quantizers --------------------------------------------------------
+
+_FP8_NAMES = {DType.kFloat8E4M3: "float8_e4m3fn", DType.kFloat8E5M2: "float8_e5m2"}
+
+
+@dataclass
+class Float8Tensor:
+    """FP8 data with its dequantization scale (TE's Float8Tensor fields)."""
+
+    _data: Any  # a float8 torch tensor (or uint8 view)
+    _scale_inv: Any  # [1] float32
+    _fp8_dtype: DType = DType.kFloat8E4M3
+
+    @property
+    def shape(self):
+        return self._data.shape
+
+    def dequantize(self, dtype=None):
+        from . import dequantize as _dequantize  # the catalogue op
+
+        out = _dequantize(self._data, self._scale_inv)
+        return out if dtype is None else out.to(dtype)
+
+
+@dataclass
+class Float8Quantizer:
+    """Per-tensor (delayed or current) scaling parameters of an FP8 output:
+    ``scale`` [1] f32 (input), ``amax`` [1] f32 (written: max |x| before
+    scaling), ``dtype`` (DType.kFloat8E4M3 or kFloat8E5M2)."""
+
+    scale: Any
+    amax: Any
+    dtype: DType = DType.kFloat8E4M3
+
+
+def _fp8_operand(x, scale_inv, what: str):
+    """(tensor, scale_inv) of a GEMM operand."""
+    if hasattr(x, "_data") and hasattr(x, "_scale_inv"):
+        return x._data, x._scale_inv
+    if dtype_name(x.dtype).startswith("float8") and scale_inv is None:
+        raise ValueError(f"generic_gemm: argument '{what}' is FP8 ({dtype_name(x.dtype)}): pass {what}_scale_inv= "
+                         f"(a [1] float32 tensor) or a Float8Tensor")
+    return x, scale_inv
+
+
+def _quantizer_dtype(q) -> str:
+    d = getattr(q, "dtype", None)
+    try:
+        return _FP8_NAMES[DType(int(d))]
+    except (ValueError, KeyError, TypeError):
+        name = dtype_name(d)
+        if name not in _FP8_NAMES.values():
+            raise ValueError(f"generic_gemm: quantizer.dtype must be an FP8 DType, got {d!r}") from None
+        return name
+
+
+def generic_gemm(A, transA, B, transB, D=None, quantizer=None, output_dtype=None, bias=None, bias_type=None,
+                 gelu=False, gelu_in=None, grad=False, workspace=None, workspace_size=0, accumulate=False,
+                 use_split_accumulator=False, *args, A_scale_inv=None, B_scale_inv=None, alpha=1.0, _call=None):
+    """generic_gemm: TransformerEngine's call (column-major statement, see the
+    tefl._te_api docstring) -> (out, bias_grad, gelu_input, extra_output).
+
+    out [rows of op'(B), cols of op'(A)] in row-major terms, e.g. fprop
+    ``generic_gemm(W, True, x, False, ...)`` gives ``x @ W.T``. ``bias`` (not
+    with grad) is added per output column; with ``grad`` and a ``bias``
+    argument, ``bias_grad`` is the bias gradient (TE's wgrad: ``dy.sum(0)``).
+    ``gelu`` applies tanh-GELU and returns the pre-GELU values (into
+    ``gelu_in`` when given). ``accumulate`` adds into ``D``. ``workspace``,
+    ``workspace_size``, ``bias_type`` and ``use_split_accumulator`` are cuBLAS
+    details, accepted and unused on tefl's CPU implementations.
+    """
+    if _call is None:
+        from .core import get_default_manager
+
+        _call = get_default_manager().function("generic_gemm")
+    a, a_si = _fp8_operand(B, B_scale_inv, "B")  # row-major A' = TE's B
+    b, b_si = _fp8_operand(A, A_scale_inv, "A")  # row-major B' = TE's A
+    ta, tb = bool(transB), bool(transA)
+    m = a.shape[1] if ta else a.shape[0]
+    n = b.shape[0] if tb else b.shape[1]
+    if accumulate and D is None:
+        raise ValueError("generic_gemm: accumulate=True adds into D: pass D")
+    from ._ops import _empty
+
+    d_scale = d_amax = None
+    out_name = None
+    if quantizer is not None:
+        out_name = _quantizer_dtype(quantizer)
+        d_scale, d_amax = quantizer.scale, quantizer.amax
+    elif output_dtype is not None:
+        out_name = dtype_name(output_dtype)
+    if D is None:
+        default = dtype_name(a.dtype)
+        if default.startswith("float8"):
+            default = "float32"
+        D = _empty(a, (m, n), out_name or default)
+    fdt = dtype_name(D.dtype)
+    fdt = "float32" if fdt.startswith("float8") else fdt
+    pre = None
+    if gelu:
+        pre = gelu_in if gelu_in is not None else _empty(a, (m, n), fdt)
+    bias_grad = None
+    if grad and bias is not None:
+        bias_grad = _empty(a, (m,), dtype_name(bias.dtype))
+    _call(a, b, bias=None if grad else bias, a_scale_inv=a_si, b_scale_inv=b_si, d_scale=d_scale, transa=ta,
+          transb=tb, alpha=float(alpha), beta=1.0 if accumulate else 0.0, accumulate=bool(accumulate),
+          gelu=bool(gelu), grad=bool(grad), use_split_accumulator=bool(use_split_accumulator),
+          out=(D, pre, bias_grad, d_amax))
+    out = D
+    if quantizer is not None:
+        torch = sys.modules.get("torch")
+        scale_inv = 1.0 / quantizer.scale if torch is not None and isinstance(quantizer.scale, torch.Tensor) else None
+        out = Float8Tensor(D, scale_inv, DType.kFloat8E4M3 if out_name == "float8_e4m3fn" else DType.kFloat8E5M2)
+    return out, bias_grad, pre, None
+
+
+# ---- attention ---------------------------------------------------------------------------
+
+_MASKS = {"no_mask": 0, "padding": 1, "causal": 2, "padding_causal": 3, "causal_bottom_right": 4,
+          "padding_causal_bottom_right": 5}
+_FORMATS = {"sbhd": 0, "bshd": 1, "thd": 2}
+_SOFTMAX = {"vanilla": 0, "off-by-one": 1, "off_by_one": 1, "learnable": 2}
+
+
+def _enum_value(value, table: Dict[str, int], what: str) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, str):
+        key = value.lower()
+        if key.startswith("nvte_"):
+            key = key[5:]
+        key = key.replace("_mask", "") if key.endswith("_mask") and key not in table else key
+        if key not in table:
+            raise ValueError(f"unknown {what} {value!r} (known: {', '.join(table)})")
+        return table[key]
+    return int(getattr(value, "value", value))
+
+
+def _format_of(qkv_layout) -> int:
+    """TE's qkv_layout ("sbh3d", "bshd_bshd_bshd", "thd_t2hd", ...) or an
+    NVTE_QKV_Format value -> tefl_qkv_format (sbhd 0, bshd 1, thd 2)."""
+    if qkv_layout is None:
+        return 0
+    if isinstance(qkv_layout, str):
+        head = qkv_layout.lower()
+        if head.startswith("nvte_"):
+            head = head[5:]
+        if head.startswith("sb"):
+            return 0
+        if head.startswith("bs"):
+            return 1
+        if head.startswith("t"):
+            return 2
+        raise ValueError(f"unknown qkv layout {qkv_layout!r} (expected sbhd..., bshd... or thd... layouts)")
+    return int(getattr(qkv_layout, "value", qkv_layout))
+
+
+def _param(p, *names, default=None):
+    for n in names:
+        if isinstance(p, dict) and n in p:
+            return p[n]
+        if hasattr(p, n):
+            return getattr(p, n)
+    return default
+
+
+def attention_backend(attention_params=None, manager=None) -> Dict[str, Any]:
+    """tefl's full answer for an attention call: the implementation that
+    would serve it, the fallbacks, and every candidate with its rejection
+    reason. ``attention_params`` is TE's AttentionParams (or a dict with its
+    field names, or tefl's: batch, seqlen_q, ...); None asks about a default
+    call (fp32, bshd, 1 x 1 x 1 x 64)."""
+    from .core import _policy_var, get_default_manager
+
+    mgr = manager or get_default_manager()
+    mgr.ensure_initialized()
+    p = attention_params if attention_params is not None else {}
+    dtype = _param(p, "qkv_dtype", "dtype")
+    window = _param(p, "window_size", default=None) or (-1, -1)
+    params = {
+        "dtype": dtype_name(dtype) if dtype is not None else "float32",
+        "qkv_format": _format_of(_param(p, "qkv_format", "qkv_layout")),
+        "batch": int(_param(p, "batch_size", "batch", default=1)),
+        "seqlen_q": int(_param(p, "max_seqlen_q", "seqlen_q", default=1)),
+        "seqlen_kv": int(_param(p, "max_seqlen_kv", "seqlen_kv", default=1)),
+        "num_heads_q": int(_param(p, "num_heads", "num_heads_q", default=1)),
+        "num_heads_kv": int(_param(p, "num_gqa_groups", "num_heads_kv", default=0) or
+                            _param(p, "num_heads", "num_heads_q", default=1)),
+        "head_dim_qk": int(_param(p, "head_dim_qk", default=64)),
+        "head_dim_v": int(_param(p, "head_dim_v", default=0) or _param(p, "head_dim_qk", default=64)),
+        "mask_type": _enum_value(_param(p, "attn_mask_type", "mask_type"), _MASKS, "mask type"),
+        "window_left": int(window[0]) if window[0] is not None else -1,
+        "window_right": int(window[1]) if window[1] is not None else -1,
+        "softmax_type": _enum_value(_param(p, "softmax_type"), _SOFTMAX, "softmax type"),
+        "dropout": float(_param(p, "attention_dropout", "dropout", default=0.0) or 0.0),
+        "is_training": bool(_param(p, "is_training", default=False)),
+    }
+    if params["qkv_format"] == 2 and params["seqlen_q"] % max(params["batch"], 1):
+        # thd without lengths: tefl assumes equal sequences; TE's max_seqlen is per sequence
+        params["seqlen_q"] *= params["batch"]
+        params["seqlen_kv"] *= params["batch"]
+    core_mgr = mgr._m
+    return core_mgr.attention_backend(params, _policy_var.get())
+
+
+def get_attention_backend(attention_params=None):
+    """TE's get_attention_backend contract: (use_flash_attention,
+    flash_attention_backend, use_fused_attention, fused_attention_backend,
+    use_unfused_attention, available_backends). tefl's attention is one
+    flash-style op, so a served call reports flash attention with the serving
+    implementation id as its backend; otherwise TE's unfused path is chosen.
+    ``tefl.attention_backend(params)`` has the reasons."""
+    r = attention_backend(attention_params)
+    if r["available"]:
+        return True, r["impl_id"], False, None, False, [True, False, False]
+    return False, None, False, None, True, [False, False, True]
+
+
+class FlashAttention:
+    """TE's flash-attention module contract on ``fused_attn_fwd``/``_bwd``.
+
+    ``FlashAttention(softmax_scale, attention_type="self", layer_number=None,
+    deterministic=False, attention_dropout=0.0, attention_dropout_ctx=None)``;
+    calling it with ``(query_layer, key_layer, value_layer, attention_mask=None,
+    qkv_layout="sbh3d", cu_seqlens_q=None, cu_seqlens_kv=None,
+    max_seqlen_q=None, max_seqlen_kv=None, attn_mask_type="causal",
+    window_size=None, ...)`` returns the attention output with the heads
+    merged (``[s, b, h*d]``, ``[b, s, h*d]`` or ``[t, h*d]``). With torch
+    tensors that require grad, the result is differentiable (the backward
+    runs ``fused_attn_bwd`` from the saved statistics)."""
+
+    def __init__(self, softmax_scale, attention_type: str = "self", layer_number=None, deterministic: bool = False,
+                 attention_dropout: float = 0.0, attention_dropout_ctx=None, **kwargs):
+        self.softmax_scale = float(softmax_scale) if softmax_scale is not None else 0.0
+        self.attention_type = attention_type
+        self.layer_number = layer_number
+        self.deterministic = deterministic
+        self.attention_dropout = float(attention_dropout)
+        self.attention_dropout_ctx = attention_dropout_ctx
+        self.training = True
+
+    def train(self, mode: bool = True):
+        self.training = mode
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def __call__(self, query_layer, key_layer, value_layer, attention_mask=None, qkv_layout="sbh3d",
+                 cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None,
+                 attn_mask_type="causal", window_size=None, softmax_offset=None, **kwargs):
+        return self.forward(query_layer, key_layer, value_layer, attention_mask, qkv_layout, cu_seqlens_q,
+                            cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, attn_mask_type, window_size,
+                            softmax_offset, **kwargs)
+
+    def forward(self, query_layer, key_layer, value_layer, attention_mask=None, qkv_layout="sbh3d",
+                cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None,
+                attn_mask_type="causal", window_size=None, softmax_offset=None, softmax_type="vanilla", **kwargs):
+        fmt = _format_of(qkv_layout)
+        mask = _enum_value(attn_mask_type, _MASKS, "mask type")
+        wl, wr = (window_size if window_size is not None else (-1, 0 if mask in (2, 3, 4, 5) else -1))
+        attrs = dict(qkv_format=fmt, mask_type=mask, window_left=-1 if wl is None else int(wl),
+                     window_right=-1 if wr is None else int(wr),
+                     softmax_type=_enum_value(softmax_type, _SOFTMAX, "softmax type"), scale=self.softmax_scale,
+                     dropout=self.attention_dropout if self.training else 0.0, is_training=bool(self.training))
+        if attrs["dropout"] > 0:
+            torch = sys.modules.get("torch")
+            attrs["seed"] = int(torch.empty((), dtype=torch.int64).random_().item()) if torch else 0
+            attrs["offset"] = 0
+        o = _attention(query_layer, key_layer, value_layer, cu_seqlens_q, cu_seqlens_kv, softmax_offset, attrs)
+        return o.reshape(*o.shape[:-2], o.shape[-2] * o.shape[-1])
+
+
+def _attention(q, k, v, cu_q, cu_kv, alpha, attrs):
+    from .core import get_default_manager
+
+    mgr = get_default_manager()
+    torch = sys.modules.get("torch")
+    needs_grad = torch is not None and torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v, alpha))
+    if not needs_grad:
+        if torch is not None and isinstance(q, torch.Tensor):
+            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        o, _ = mgr.call("fused_attn_fwd", q, k, v, cu_seqlens_q=cu_q, cu_seqlens_kv=cu_kv, softmax_offset=alpha,
+                        **attrs)
+        return o
+    return _attention_function()(q, k, v, cu_q, cu_kv, alpha, attrs)
+
+
+_FUNCTION = None
+
+
+def _attention_function():
+    """A torch.autograd.Function over fused_attn_fwd/bwd (built on first use)."""
+    global _FUNCTION
+    if _FUNCTION is not None:
+        return _FUNCTION.apply
+    import torch
+
+    from .core import get_default_manager
+
+    class TeflAttention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, cu_q, cu_kv, alpha, attrs):
+            q, k, v = (t.detach().contiguous() for t in (q, k, v))
+            a = alpha.detach().contiguous() if alpha is not None else None
+            o, stats = get_default_manager().call("fused_attn_fwd", q, k, v, cu_seqlens_q=cu_q, cu_seqlens_kv=cu_kv,
+                                                  softmax_offset=a, **attrs)
+            ctx.save_for_backward(q, k, v, o, stats)
+            ctx.extra = (cu_q, cu_kv, a, attrs)
+            return o
+
+        @staticmethod
+        def backward(ctx, d_o):
+            q, k, v, o, stats = ctx.saved_tensors
+            cu_q, cu_kv, a, attrs = ctx.extra
+            dq, dk, dv, dalpha = get_default_manager().call(
+                "fused_attn_bwd", q, k, v, o, d_o.contiguous(), stats, cu_seqlens_q=cu_q, cu_seqlens_kv=cu_kv,
+                softmax_offset=a, **attrs)
+            return dq, dk, dv, None, None, dalpha if a is not None else None, None
+
+    _FUNCTION = TeflAttention
+    return _FUNCTION.apply
+
+
+def flash_attention(*args, **kwargs) -> FlashAttention:
+    """TE reads ``tex.flash_attention`` as a class or a factory of the
+    attention module: this builds a FlashAttention."""
+    return FlashAttention(*args, **kwargs)
+
+
+def get_flash_attention_class():
+    return FlashAttention

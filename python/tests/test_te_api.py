@@ -1,0 +1,128 @@
+"""TransformerEngine's conventions on tefl's GEMM, FP8 and attention ops:
+generic_gemm's column-major statement (fprop TN, dgrad NN, wgrad NT with the
+bias gradient), FP8 operands and outputs, get_attention_backend and the
+FlashAttention module (forward and autograd backward) against torch."""
+import math
+
+import pytest
+import torch
+
+import tefl
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1 + torch.tanh(0.7978845608 * (x + 0.044715 * x ** 3)))
+
+
+def close(a, b, tol=1e-4):
+    torch.testing.assert_close(a.to(torch.float64), b.to(torch.float64), rtol=tol, atol=tol)
+
+
+# ---- generic_gemm -------------------------------------------------------------------
+
+def test_fprop_tn_with_bias_and_gelu():
+    g = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(9, 16, generator=g), torch.randn(12, 16, generator=g), torch.randn(12, generator=g)
+    out, bias_grad, pre, extra = tefl.generic_gemm(w, True, x, False, None, None, None, b, None, True)
+    assert bias_grad is None and extra is None and out.shape == (9, 12)
+    close(pre, x @ w.T + b)
+    close(out, gelu_tanh(x @ w.T + b))
+
+
+def test_dgrad_nn_and_wgrad_nt_with_bias_gradient():
+    g = torch.Generator().manual_seed(1)
+    x, w, dy = torch.randn(9, 16, generator=g), torch.randn(12, 16, generator=g), torch.randn(9, 12, generator=g)
+    dx, *_ = tefl.generic_gemm(w, False, dy, False)
+    close(dx, dy @ w)
+    dw, bias_grad, _, _ = tefl.generic_gemm(x, False, dy, True, grad=True, bias=torch.empty(12))
+    close(dw, dy.T @ x)
+    close(bias_grad, dy.sum(0))
+
+
+def test_accumulate_adds_into_d_and_bf16_output_dtype():
+    g = torch.Generator().manual_seed(2)
+    x, w = torch.randn(5, 8, generator=g), torch.randn(6, 8, generator=g)
+    d = torch.ones(5, 6)
+    out, *_ = tefl.generic_gemm(w, True, x, False, d, accumulate=True)
+    assert out is d
+    close(d, x @ w.T + 1)
+    with pytest.raises(ValueError, match="accumulate"):
+        tefl.generic_gemm(w, True, x, False, None, accumulate=True)
+    y, *_ = tefl.generic_gemm(w.bfloat16(), True, x.bfloat16(), False, output_dtype=tefl.DType.kFloat32)
+    assert y.dtype == torch.float32
+    close(y, x.bfloat16().float() @ w.bfloat16().float().T, 1e-3)
+
+
+def test_row_major_op_and_te_call_agree():
+    # tefl's row-major op: D = op(A) op(B); TE's call swaps the operands
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randn(4, 7, generator=g), torch.randn(5, 7, generator=g)
+    d_row, *_ = tefl.call("generic_gemm", a, b, transb=True, beta=0.0)
+    d_te, *_ = tefl.generic_gemm(b, True, a, False)
+    close(d_row, a @ b.T)
+    close(d_te, d_row)
+
+
+def test_fp8_operands_and_fp8_output():
+    g = torch.Generator().manual_seed(4)
+    x, w = torch.randn(16, 32, generator=g), torch.randn(24, 32, generator=g)
+    scale = torch.tensor([64.0])
+    qx, _, sx = tefl.quantize(x, scale)
+    qw, _, sw = tefl.quantize(w, scale)
+    assert qx.dtype == torch.float8_e4m3fn
+    out, *_ = tefl.generic_gemm(tefl.Float8Tensor(qw, sw), True, tefl.Float8Tensor(qx, sx), False,
+                                output_dtype=tefl.DType.kFloat32)
+    ref = (qx.float() / 64.0) @ (qw.float() / 64.0).T  # dequantize then fp32
+    close(out, ref, 1e-4)
+    # float8 tensors need their scale_inv
+    with pytest.raises(ValueError, match="scale_inv"):
+        tefl.generic_gemm(qw, True, qx, False)
+    q = tefl.Float8Quantizer(scale=torch.tensor([2.0]), amax=torch.zeros(1))
+    f8, *_ = tefl.generic_gemm(tefl.Float8Tensor(qw, sw), True, tefl.Float8Tensor(qx, sx), False, quantizer=q)
+    assert isinstance(f8, tefl.Float8Tensor) and f8._data.dtype == torch.float8_e4m3fn
+    close(q.amax, ref.abs().max().reshape(1), 1e-4)
+    close(f8.dequantize(), ref, 0.07)  # E4M3 keeps 3 mantissa bits: relative error <= 2^-4
+
+
+def test_quantize_matches_torch_cast_and_round_trips():
+    x = torch.linspace(-3, 3, 101)
+    q, amax, scale_inv = tefl.quantize(x, torch.tensor([100.0]))
+    torch.testing.assert_close(q.float(), (x * 100).to(torch.float8_e4m3fn).float())
+    assert amax.item() == 3.0 and scale_inv.item() == pytest.approx(0.01)
+    back = tefl.dequantize(q, scale_inv)
+    close(back, q.float() * scale_inv, 0)
+    q5, _, _ = tefl.quantize(x, torch.tensor([100.0]), out=(torch.empty(101, dtype=torch.float8_e5m2), None, None))
+    torch.testing.assert_close(q5.float(), (x * 100).to(torch.float8_e5m2).float())
+
+
+# ---- attention ----------------------------------------------------------------------
+
+def test_get_attention_backend_follows_the_policy_and_explains():
+    params = dict(batch_size=2, num_heads=8, num_gqa_groups=2, max_seqlen_q=64, max_seqlen_kv=64, head_dim_qk=64,
+                  qkv_format="bshd", attn_mask_type="causal", qkv_dtype=torch.bfloat16)
+    use_flash, backend, use_fused, _, use_unfused, available = tefl.get_attention_backend(params)
+    assert use_flash and backend == "default.portable" and not use_fused and not use_unfused
+    with tefl.policy_context(tefl.SelectionPolicy(prefer="reference")):
+        assert tefl.get_attention_backend(params)[1] == "reference.cpp"
+    bad = dict(params, num_gqa_groups=3)  # 3 does not divide 8
+    assert tefl.get_attention_backend(bad) == (False, None, False, None, True, [False, False, True])
+    why = tefl.attention_backend(bad)
+    assert not why["available"] and "dividing h_q" in why["error"]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attention_forward_and_backward_vs_torch(causal):
+    g = torch.Generator().manual_seed(5)
+    s, b, h, d = 33, 2, 4, 16
+    q, k, v = (torch.randn(s, b, h, d, generator=g, requires_grad=True) for _ in range(3))
+    attn = tefl.flash_attention(1 / math.sqrt(d))
+    out = attn(q, k, v, qkv_layout="sbhd_sbhd_sbhd", attn_mask_type="causal" if causal else "no_mask")
+    assert out.shape == (s, b, h * d)
+    qt, kt, vt = (t.detach().permute(1, 2, 0, 3).requires_grad_() for t in (q, k, v))  # [b, h, s, d]
+    ref = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+    close(out, ref.permute(2, 0, 1, 3).reshape(s, b, h * d), 1e-4)
+    dy = torch.randn(out.shape, generator=g)
+    out.backward(dy)
+    ref.permute(2, 0, 1, 3).reshape(s, b, h * d).backward(dy)
+    for mine, theirs in ((q, qt), (k, kt), (v, vt)):
+        close(mine.grad, theirs.grad.permute(2, 0, 1, 3), 1e-4)
