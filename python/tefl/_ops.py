@@ -221,7 +221,8 @@ class OpSignature:
             body.append(f"_i{j} = {var_in[n]}")
         for py, role, tgt in self.params:
             if role == "quantizer":
-                body.append(f"if {py} is not None: _no_quantizer({self.name!r}, {py!r})")
+                if mode == "impl" or not _has_fp8_variant(self.name):
+                    body.append(f"if {py} is not None: _no_quantizer({self.name!r}, {py!r}, {mode!r})")
         attr_expr = {}
         for py, role, tgt in self.params:
             if role == "attr":
@@ -295,6 +296,13 @@ class OpSignature:
         I = tup([f"_i{j}" for j in range(len(self.ins))])
         O = tup([f"_o{k}" for k in range(nout)])
         A = tup([f"_a{k}" for k in range(len(self.attrs))])
+        quant = [py for py, role, _ in self.params if role == "quantizer"]
+        if mode == "manager" and quant and _has_fp8_variant(self.name):
+            # TE's quantizer: the op's fused FP8 variant (<op>_fp8) runs instead
+            # and the main output comes back as a Float8Tensor.
+            rets_q = tup([f"_o{k}" if k is not None else "None" for k in self.returns])
+            body.append(f"if {quant[0]} is not None: return _quantized({self.name!r}, {quant[0]}, __call, {I}, {O}, "
+                        f"{A}, __pget(), {rets_q}, {self.returns[0] if self.returns else 0!r})")
         if mode == "manager":
             body.append(f"__call(__id, {I}, {O}, {A}, __pget())")
         else:
@@ -514,8 +522,34 @@ def _alloc_error(op, inputs, error):
                      + "; ".join(f"'{a['name']}' {a['shape']}" for a in schema["inputs"])) from error
 
 
-def _no_quantizer(op, param):
-    raise NotImplementedError(f"{op}: '{param}' must be None (tefl has no quantized outputs)")
+def _has_fp8_variant(op: str) -> bool:
+    return (op + "_fp8") in BY_NAME
+
+
+def _no_quantizer(op, param, mode="manager"):
+    if mode == "impl" and _has_fp8_variant(op):
+        raise NotImplementedError(f"{op}: '{param}' must be None when calling one implementation; the FP8 output is "
+                                  f"the op {op}_fp8 (call through the manager, or call {op}_fp8's implementation)")
+    raise NotImplementedError(f"{op}: '{param}' must be None ({op} has no fused FP8 variant; quantize its output "
+                              f"with tefl.quantize)")
+
+
+def _quantized(op, quantizer, call, inputs, outputs, attrs, policy, returns, main):
+    """Runs <op>_fp8 with the quantizer's scale; the quantizer's amax is
+    written; returns the base op's return layout with the main output a
+    Float8Tensor."""
+    from ._te_api import Float8Tensor, _quantizer_dtype
+
+    schema = BY_NAME[op + "_fp8"]
+    fp8 = _quantizer_dtype(quantizer, op)
+    ref = outputs[main]
+    z = _empty(ref, tuple(ref.shape), fp8)
+    scale_inv = _empty(ref, (1,), "float32")
+    outs = list(outputs)
+    outs[main] = z
+    call(schema["id"], tuple(inputs) + (quantizer.scale,), tuple(outs) + (quantizer.amax, scale_inv), attrs, policy)
+    q = Float8Tensor(z, scale_inv, DType.kFloat8E4M3 if fp8 == "float8_e4m3fn" else DType.kFloat8E5M2)
+    return tuple(q if r is ref else r for r in returns) if isinstance(returns, tuple) and len(returns) > 1 else q
 
 
 def _split3(op, param, value):
@@ -577,6 +611,7 @@ _HELPERS = {
     "_pick": _pick,
     "_need_out": _need_out,
     "_no_quantizer": _no_quantizer,
+    "_quantized": _quantized,
     "_alloc_error": _alloc_error,
     "_split3": _split3,
     "_prod": _prod,

@@ -73,14 +73,17 @@ def _fp8_operand(x, scale_inv, what: str):
     return x, scale_inv
 
 
-def _quantizer_dtype(q) -> str:
+def _quantizer_dtype(q, op: str = "generic_gemm") -> str:
+    if not (hasattr(q, "scale") and hasattr(q, "amax")):
+        raise TypeError(f"{op}: a quantizer needs 'scale' and 'amax' tensors and an FP8 'dtype' "
+                        f"(tefl.Float8Quantizer), got {type(q).__name__}")
     d = getattr(q, "dtype", None)
     try:
         return _FP8_NAMES[DType(int(d))]
     except (ValueError, KeyError, TypeError):
         name = dtype_name(d)
         if name not in _FP8_NAMES.values():
-            raise ValueError(f"generic_gemm: quantizer.dtype must be an FP8 DType, got {d!r}") from None
+            raise ValueError(f"{op}: quantizer.dtype must be an FP8 DType, got {d!r}") from None
         return name
 
 

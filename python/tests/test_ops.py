@@ -130,8 +130,30 @@ def test_otype_and_ln_out(manager):
     torch.testing.assert_close(buf, y.float(), rtol=2e-2, atol=2e-2)
 
 
+def test_quantizer_runs_the_fused_fp8_variant(manager):
+    x, w = torch.randn(6, 32), torch.rand(32) + 0.5
+    q = tefl.Float8Quantizer(scale=torch.tensor([8.0]), amax=torch.zeros(1))
+    y, none, rsigma = manager.call("rmsnorm_fwd", x, w, 1e-5, None, q)
+    plain, _, rsigma_ref = manager.call("rmsnorm_fwd", x, w, 1e-5)
+    assert isinstance(y, tefl.Float8Tensor) and y._data.dtype == torch.float8_e4m3fn and none is None
+    assert manager.get_selected_impl_id("rmsnorm_fwd_fp8")
+    torch.testing.assert_close(rsigma, rsigma_ref)
+    torch.testing.assert_close(q.amax, plain.abs().max().reshape(1))
+    torch.testing.assert_close(y._scale_inv, torch.tensor([0.125]))
+    torch.testing.assert_close(y._data.float(), (plain * 8).to(torch.float8_e4m3fn).float(), rtol=0.13, atol=0)
+    # E5M2 through the quantizer's dtype, a gated activation
+    q5 = tefl.Float8Quantizer(torch.tensor([1.0]), torch.zeros(1), tefl.DType.kFloat8E5M2)
+    u = torch.randn(4, 16)
+    out = manager.call("swiglu", u, q5)
+    assert out._data.dtype == torch.float8_e5m2
+    torch.testing.assert_close(out._data.float(), manager.call("swiglu", u).to(torch.float8_e5m2).float(),
+                               rtol=0.26, atol=0)
+
+
 def test_quantizer_is_rejected_clearly(manager):
-    with pytest.raises(NotImplementedError, match="rmsnorm_fwd: 'quantizer' must be None"):
+    with pytest.raises(NotImplementedError, match="gelu: 'quantizer' must be None .*no fused FP8 variant"):
+        manager.call("gelu", torch.randn(2, 8), object())
+    with pytest.raises(TypeError, match="rmsnorm_fwd: a quantizer needs 'scale' and 'amax'"):
         manager.call("rmsnorm_fwd", torch.randn(2, 8), torch.ones(8), 1e-5, None, object())
 
 
