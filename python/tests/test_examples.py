@@ -37,3 +37,14 @@ def test_outtree_example_log():
     assert re.search(r"Registered impl_ids: \['default\.portable', 'reference\.cpp', 'vendor\.myvendor'\]", err)
     assert "Op 'rmsnorm_fwd' using 'vendor.myvendor' (kind=vendor, vendor=myvendor)" in err
     assert "rmsnorm_fwd ran on 'vendor.myvendor'" in out
+
+
+@pytest.mark.skipif(not os.path.isdir(EXAMPLES), reason="examples/python not in this tree")
+def test_attention_fp8_example_trains_and_reports():
+    out, err = run("example_attention_fp8.py")
+    losses = [float(v) for v in re.findall(r"^step \d: loss (\S+)$", out, re.M)]
+    assert len(losses) == 5 and losses[-1] < losses[0], out
+    assert "generic_gemm -> default.portable, fused_attn_fwd -> default.portable" in out
+    assert "get_attention_backend: (True, 'default.portable'" in out
+    fp8, bf16 = map(float, re.search(r"relative error (\S+) \(bf16: (\S+)\)", out).groups())
+    assert fp8 < 0.08 and bf16 < 0.01, out
