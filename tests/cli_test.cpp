@@ -244,10 +244,16 @@ TEST(Cli, DemoReferenceHasZeroErrorDefaultWithinTolerance) {
       EXPECT_EQ(op["implementation"], "default.portable") << op.dump();
     }
   }
-  for (const char* op :
-       {"rmsnorm_fwd", "fused_rope_forward", "scaled_upper_triang_masked_softmax_forward", "swiglu", "dswiglu",
-        "scaled_upper_triang_masked_softmax_backward", "fused_rope_backward", "rmsnorm_bwd_add"})
+  for (const char* op : {"rmsnorm_fwd", "generic_gemm (qkv projection)", "fused_rope_forward", "fused_attn_fwd",
+                         "swiglu", "dswiglu", "generic_gemm (mlp up, wgrad)", "fused_attn_bwd", "fused_rope_backward",
+                         "rmsnorm_bwd_add"})
     EXPECT_TRUE(ops.count(op)) << op;
+  // Only the residual adds are the demo's own code.
+  for (const auto& op : j["ops"]) {
+    if (op["demo_code"].get<bool>()) {
+      EXPECT_EQ(op["op"].get<std::string>().rfind("residual add", 0), 0u) << op.dump();
+    }
+  }
   EXPECT_GT(j["tokens_per_second"].get<double>(), 0);
   // With a plugin loaded and TE_FL_PREFER=vendor the table shows the vendor's
   // implementation (testgood serves fp32 rmsnorm_fwd).
