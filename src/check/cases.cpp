@@ -14,7 +14,7 @@ std::vector<const DLTensor*> Case::InputPtrs() const {
 
 std::vector<DLTensor*> Case::OutputPtrs() {
   std::vector<DLTensor*> p;
-  for (Tensor& t : outputs) p.push_back(t.ptr());
+  for (size_t i = 0; i < outputs.size(); ++i) p.push_back(absent(i) ? nullptr : outputs[i].ptr());
   return p;
 }
 

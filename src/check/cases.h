@@ -28,6 +28,11 @@ struct Case {
   std::vector<Tolerance> tolerances;          // per output
   std::vector<bool> exact;                    // per output: must match bit for bit (masks)
   std::vector<unsigned char> attrs;           // the attribute struct; empty: defaults
+  // Per output: an optional output this call does not pass (NULL; its
+  // Tensor is a placeholder, never compared). Empty: every output is passed.
+  std::vector<bool> output_absent;
+
+  bool absent(size_t i) const { return i < output_absent.size() && output_absent[i]; }
 
   const void* attrs_ptr() const { return attrs.empty() ? nullptr : attrs.data(); }
   std::vector<const DLTensor*> InputPtrs() const;

@@ -132,7 +132,8 @@ void AddBenchCommand(CLI::App& app) {
       double bytes = 0;
       for (const auto& in : c.inputs)
         if (in) bytes += double(in->nbytes());
-      for (const Tensor& out : c.outputs) bytes += double(out.nbytes());
+      for (size_t i = 0; i < c.outputs.size(); ++i)
+        if (!c.absent(i)) bytes += double(c.outputs[i].nbytes());
       for (const OpImpl& impl : GetDefaultRegistry().GetImplementations(op->name)) {
         if (!args->impls.empty() &&
             std::find(args->impls.begin(), args->impls.end(), impl.impl_id) == args->impls.end())
