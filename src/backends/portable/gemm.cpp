@@ -10,10 +10,13 @@
 //    scratch [M, N]. C (or D's prior content with accumulate) is copied in
 //    first and sgemm's beta applies to it; BLAS conventions hold: alpha = 0
 //    skips the product, beta = 0 skips C (the reference does the same).
+//  - bf16 x bf16 on a CPU with avx512_bf16: packed panels and a vdpbf16ps
+//    micro-kernel instead (see "bf16 x bf16" below), no fp32 copies.
 //  - One fused epilogue pass over D, rows spread over the host pool: bias,
-//    GELU (pre_gelu_out), amax (NaN ignored, as TE), output conversion
-//    (bf16/fp16 round to nearest even; FP8 fp8(D * d_scale), saturating).
-//    A plain fp32 GEMM has no epilogue pass at all.
+//    GELU (pre_gelu_out; Highway's Tanh, dispatched per ISA), amax (NaN
+//    ignored, as TE), output conversion (bf16/fp16 round to nearest even;
+//    FP8 fp8(D * d_scale), saturating). A plain fp32 GEMM has no epilogue
+//    pass at all.
 //  - bias_grad (grad): row sums of op(A) in double.
 //
 // Threads: OpenBLAS keeps its own pthread pool. Every sgemm runs under one
@@ -42,7 +45,43 @@
 #include "core/fp8.h"
 #include "tefl/ops.h"
 
+// ---- GELU over a row: Highway, compiled per target (foreach_target.h) ----------
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "backends/portable/gemm.cpp"
+// clang-format off
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+#include <hwy/contrib/math/math-inl.h>
+// clang-format on
+
+HWY_BEFORE_NAMESPACE();
+namespace tefl::backends::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// row[j] = row[j] * (0.5 + 0.5 tanh(row[j] (0.79788456 + 0.03567741 row[j]^2))),
+// in place (Highway's Tanh: a few ulp; -inf gives NaN as the formula does).
+HWY_NOINLINE void GeluRow(float* HWY_RESTRICT row, size_t n) {
+  const hn::ScalableTag<float> d;
+  const size_t lanes = hn::Lanes(d);
+  const auto half = hn::Set(d, 0.5f), c0 = hn::Set(d, 0.79788456f), c1 = hn::Set(d, 0.03567741f);
+  size_t j = 0;
+  for (; j + lanes <= n; j += lanes) {
+    const auto x = hn::LoadU(d, row + j);
+    const auto t = hn::Tanh(d, hn::Mul(x, hn::MulAdd(c1, hn::Mul(x, x), c0)));
+    hn::StoreU(hn::Mul(x, hn::MulAdd(half, t, half)), d, row + j);
+  }
+  for (; j < n; ++j) {
+    const float x = row[j];
+    row[j] = x * (0.5f + 0.5f * std::tanh(x * (0.79788456f + 0.03567741f * x * x)));
+  }
+}
+
+}  // namespace tefl::backends::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
 namespace tefl::backends {
+HWY_EXPORT(GeluRow);
 namespace {
 
 constexpr const char* kImpl = "default.portable";
@@ -383,8 +422,6 @@ struct Gemm {
   std::atomic<uint32_t>* amax;  // bits of the running max |D| (non-negative floats order as integers)
 };
 
-float GeluTanh(float x) { return x * (0.5f + 0.5f * std::tanh(x * (0.79788456f + 0.03567741f * x * x))); }
-
 struct EpilogueCtx {
   const Gemm* g;
   float* acc;  // [M, N] fp32: D itself when D is fp32
@@ -408,7 +445,7 @@ void EpilogueBody(void* ctx, int64_t begin, int64_t end) {
       for (size_t j = 0; j < n; ++j) row[j] += g.bias[j];
     if (g.gelu) {
       if (g.pre) FromF32(row, g.tpre, static_cast<char*>(g.pre) + size_t(r) * n * ElemSize(g.tpre), int64_t(n), 1.0f);
-      for (size_t j = 0; j < n; ++j) row[j] = GeluTanh(row[j]);
+      HWY_DYNAMIC_DISPATCH(GeluRow)(row, n);
     }
     if (g.amax)
       for (size_t j = 0; j < n; ++j) amax = std::fabs(row[j]) > amax ? std::fabs(row[j]) : amax;  // NaN ignored
@@ -626,3 +663,4 @@ tefl_status* RegisterPortableGemm(const tefl_registrar& registrar) {
 }
 
 }  // namespace tefl::backends
+#endif  // HWY_ONCE
