@@ -52,28 +52,72 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 #include <hwy/contrib/math/math-inl.h>
+#include "backends/portable/simd_io-inl.h"
 // clang-format on
 
 HWY_BEFORE_NAMESPACE();
 namespace tefl::backends::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// row[j] = row[j] * (0.5 + 0.5 tanh(row[j] (0.79788456 + 0.03567741 row[j]^2))),
-// in place (Highway's Tanh: a few ulp; -inf gives NaN as the formula does).
-HWY_NOINLINE void GeluRow(float* HWY_RESTRICT row, size_t n) {
-  const hn::ScalableTag<float> d;
+using D = hn::ScalableTag<float>;
+using V = hn::Vec<D>;
+
+// gelu_tanh(x) = x * (0.5 + 0.5 tanh(x (0.79788456 + 0.03567741 x^2))) with
+// Highway's Tanh (a few ulp; -inf gives NaN as the formula does).
+HWY_INLINE V Gelu(D d, V x) {
+  const V half = hn::Set(d, 0.5f);
+  const V t = hn::Tanh(d, hn::Mul(x, hn::MulAdd(hn::Set(d, 0.03567741f), hn::Mul(x, x), hn::Set(d, 0.79788456f))));
+  return hn::Mul(x, hn::MulAdd(half, t, half));
+}
+
+HWY_INLINE void StoreAny(V v, D d, void* base, DType t, size_t j) {
+  if (t == DType::kBF16) {
+    StoreF(v, d, static_cast<bfloat16_t*>(base) + j);
+  } else if (t == DType::kF16) {
+    StoreF(v, d, static_cast<float16_t*>(base) + j);
+  } else {
+    hn::StoreU(v, d, static_cast<float*>(base) + j);
+  }
+}
+
+// One row of the epilogue, in one pass: v = row + bias; pre_gelu_out = v;
+// v = gelu(v); amax = max(amax, |v|) (NaN ignored); out = v rounded to td
+// (FP8 D: the row keeps v, converted by the caller).
+HWY_NOINLINE void EpilogueRow(float* HWY_RESTRICT row, size_t n, const float* HWY_RESTRICT bias, bool gelu, void* pre,
+                              DType tpre, float* amax, void* out, DType td) {
+  const D d;
   const size_t lanes = hn::Lanes(d);
-  const auto half = hn::Set(d, 0.5f), c0 = hn::Set(d, 0.79788456f), c1 = hn::Set(d, 0.03567741f);
+  const bool fp8 = td == DType::kE4M3 || td == DType::kE5M2;
+  V vmax = hn::Zero(d);
   size_t j = 0;
   for (; j + lanes <= n; j += lanes) {
-    const auto x = hn::LoadU(d, row + j);
-    const auto t = hn::Tanh(d, hn::Mul(x, hn::MulAdd(c1, hn::Mul(x, x), c0)));
-    hn::StoreU(hn::Mul(x, hn::MulAdd(half, t, half)), d, row + j);
+    V v = hn::LoadU(d, row + j);
+    if (bias) v = hn::Add(v, hn::LoadU(d, bias + j));
+    if (gelu) {
+      if (pre) StoreAny(v, d, pre, tpre, j);
+      v = Gelu(d, v);
+    }
+    if (amax) {
+      const V av = hn::Abs(v);
+      vmax = hn::IfThenElse(hn::Gt(av, vmax), av, vmax);  // false for NaN
+    }
+    StoreAny(v, d, fp8 ? static_cast<void*>(row) : out, fp8 ? DType::kF32 : td, j);
   }
+  float m = amax ? hn::GetLane(hn::MaxOfLanes(d, vmax)) : 0.0f;
   for (; j < n; ++j) {
-    const float x = row[j];
-    row[j] = x * (0.5f + 0.5f * std::tanh(x * (0.79788456f + 0.03567741f * x * x)));
+    float v = row[j];
+    if (bias) v += bias[j];
+    if (gelu) {
+      if (pre) StoreFromFloat(pre, int64_t(j), tpre, v);
+      v = v * (0.5f + 0.5f * std::tanh(v * (0.79788456f + 0.03567741f * v * v)));
+    }
+    if (std::fabs(v) > m) m = std::fabs(v);
+    if (fp8)
+      row[j] = v;
+    else
+      StoreFromFloat(out, int64_t(j), td, v);
   }
+  if (amax) *amax = m;
 }
 
 }  // namespace tefl::backends::HWY_NAMESPACE
@@ -81,7 +125,7 @@ HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 namespace tefl::backends {
-HWY_EXPORT(GeluRow);
+HWY_EXPORT(EpilogueRow);
 namespace {
 
 constexpr const char* kImpl = "default.portable";
@@ -337,7 +381,11 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void Bf16Tile(co
 }
 
 // One task: kSuperRows rows x kGroupPanels panels; tasks of one column group
-// are consecutive, so a thread's range shares its B slice.
+// are consecutive, so a thread's range shares its B slice. K is walked in
+// chunks of kKcPairs pairs: a chunk of one B panel (16 KiB) stays in L1
+// while the task's row tiles pass over it; the first chunk applies beta,
+// later ones add to the fp32 result.
+constexpr int64_t kKcPairs = 128;
 void Bf16ComputeBody(void* ctx, int64_t begin, int64_t end) {
   const auto& g = *static_cast<const Bf16Job*>(ctx);
   const int64_t blocks_per_super = kSuperRows / kMR;
@@ -345,13 +393,17 @@ void Bf16ComputeBody(void* ctx, int64_t begin, int64_t end) {
     const int64_t grp = t / g.m_supers, sup = t % g.m_supers;
     const int64_t p0 = grp * kGroupPanels, p1 = std::min(g.n_panels, p0 + kGroupPanels);
     const int64_t b0 = sup * blocks_per_super, b1 = std::min(g.m_blocks, b0 + blocks_per_super);
-    for (int64_t blk = b0; blk < b1; ++blk) {
-      const uint32_t* ap = g.ap + size_t(blk) * size_t(g.kp) * kMR;
-      const int rows = int(std::min<int64_t>(kMR, g.m - blk * kMR));
+    for (int64_t k0 = 0; k0 < g.kp; k0 += kKcPairs) {
+      const int64_t kc = std::min(kKcPairs, g.kp - k0);
+      const float beta = k0 == 0 ? g.beta : 1.0f;
       for (int64_t pan = p0; pan < p1; ++pan) {
+        const uint32_t* bp = g.bp + size_t(pan) * size_t(g.kp) * kNR + size_t(k0) * kNR;
         const int cols = int(std::min<int64_t>(kNR, g.n - pan * kNR));
-        Bf16Tile(ap, g.bp + size_t(pan) * size_t(g.kp) * kNR, g.kp, g.c + blk * kMR * g.n + pan * kNR, g.n, rows, cols,
-                 g.alpha, g.beta);
+        for (int64_t blk = b0; blk < b1; ++blk) {
+          const uint32_t* ap = g.ap + size_t(blk) * size_t(g.kp) * kMR + size_t(k0) * kMR;
+          const int rows = int(std::min<int64_t>(kMR, g.m - blk * kMR));
+          Bf16Tile(ap, bp, kc, g.c + blk * kMR * g.n + pan * kNR, g.n, rows, cols, g.alpha, beta);
+        }
       }
     }
   }
@@ -438,19 +490,16 @@ void EpilogueBody(void* ctx, int64_t begin, int64_t end) {
   const auto& e = *static_cast<const EpilogueCtx*>(ctx);
   const Gemm& g = *e.g;
   const size_t n = size_t(g.n);
+  const bool fp8 = IsFp8(g.td);
   float amax = 0.0f;
   for (int64_t r = begin; r < end; ++r) {
     float* row = e.acc + size_t(r) * n;
-    if (g.bias)
-      for (size_t j = 0; j < n; ++j) row[j] += g.bias[j];
-    if (g.gelu) {
-      if (g.pre) FromF32(row, g.tpre, static_cast<char*>(g.pre) + size_t(r) * n * ElemSize(g.tpre), int64_t(n), 1.0f);
-      HWY_DYNAMIC_DISPATCH(GeluRow)(row, n);
-    }
-    if (g.amax)
-      for (size_t j = 0; j < n; ++j) amax = std::fabs(row[j]) > amax ? std::fabs(row[j]) : amax;  // NaN ignored
-    if (g.td != DType::kF32)
-      FromF32(row, g.td, static_cast<char*>(g.d) + size_t(r) * n * ElemSize(g.td), int64_t(n), g.d_scale);
+    float row_amax = 0.0f;
+    HWY_DYNAMIC_DISPATCH(EpilogueRow)
+    (row, n, g.bias, g.gelu, g.pre ? static_cast<char*>(g.pre) + size_t(r) * n * ElemSize(g.tpre) : nullptr, g.tpre,
+     g.amax ? &row_amax : nullptr, static_cast<char*>(g.d) + size_t(r) * n * ElemSize(g.td), g.td);
+    amax = row_amax > amax ? row_amax : amax;
+    if (fp8) FromF32(row, g.td, static_cast<char*>(g.d) + size_t(r) * n, int64_t(n), g.d_scale);
   }
   if (g.amax) AtomicMax(g.amax, amax);
 }
