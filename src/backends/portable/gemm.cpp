@@ -139,6 +139,36 @@ tefl_status* Status(const tefl_call_frame* f, int32_t code, const char* what) no
   return KernelStatus(f, kImpl, "gemm", code, what);
 }
 
+// ---- per-thread workspace ---------------------------------------------------------
+// fp32 copies of the operands, the fp32 result of a non-fp32 D and the bf16
+// path's packed panels live in buffers kept by the calling thread between
+// calls (a fresh 64 MiB buffer costs its page faults on every call). They
+// only grow (no re-initialisation); a call that leaves more than
+// kWorkspaceKeepBytes in them frees them on return.
+constexpr size_t kWorkspaceKeepBytes = size_t(256) << 20;
+struct Workspace {
+  std::vector<float> a, b, bias, scratch;
+  std::vector<uint32_t> packed;
+  size_t Bytes() const {
+    return (a.capacity() + b.capacity() + bias.capacity() + scratch.capacity() + packed.capacity()) * 4;
+  }
+};
+Workspace& ThreadWorkspace() {
+  thread_local Workspace ws;
+  return ws;
+}
+struct WorkspaceTrim {
+  Workspace& ws;
+  explicit WorkspaceTrim(Workspace& w) : ws(w) {}
+  ~WorkspaceTrim() {
+    if (ws.Bytes() > kWorkspaceKeepBytes) ws = Workspace();
+  }
+};
+template <class T>
+void Grow(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+}
+
 // ---- conversions ----------------------------------------------------------------
 // n elements of any GEMM dtype to fp32 (exact).
 void ToF32(const void* src, DType t, float* dst, int64_t n) {
@@ -209,7 +239,7 @@ void ConvertBody(void* ctx, int64_t begin, int64_t end) {
 }
 const float* AsF32(const tefl_call_frame* f, const void* src, DType t, int64_t n, std::vector<float>& buf) {
   if (t == DType::kF32) return static_cast<const float*>(src);
-  buf.resize(size_t(n));
+  Grow(buf, size_t(n));
   ConvertCtx c{src, t, buf.data(), n};
   f->host->parallel_for((n + kConvertChunk - 1) / kConvertChunk, 1, ConvertBody, &c);
   return buf.data();
@@ -265,7 +295,9 @@ struct Bf16Job {
   uint32_t* ap;  // [ceil(M / kMR)][kp][kMR] pairs
   uint32_t* bp;  // [ceil(N / kNR)][kp][kNR] pairs
   float alpha, beta;
-  float* c;  // [M, N] fp32; beta != 0: holds Cterm
+  float* c;           // [M, N] fp32; beta != 0: holds Cterm
+  uint16_t* out16;    // direct bf16 output [M, N] (then c is unused), or NULL
+  const float* bias;  // [N] fp32 added before the bf16 rounding, or NULL
   int64_t m_blocks, n_panels, m_supers, n_groups;
 };
 
@@ -336,10 +368,29 @@ void PackBBody(void* ctx, int64_t begin, int64_t end) {
 }
 
 // C[rows, cols] (ld ldc) = alpha * (A tile . B panel) + beta * C.
+// GCC 12 reports its own _mm512_undefined_*() placeholders inside the
+// shift/narrowing intrinsics as "maybe uninitialized" (a false positive).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// bf16 bits of v rounded to nearest even (NaN: quiet, payload kept), as
+// dtype.h's FloatToBF16.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline __m256i RoundToBf16(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(u, _mm512_set1_epi32(0x400000)));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+}
+
+// C[rows, cols] (ld ldc) = alpha * (A tile . B panel) + beta * C; with out16,
+// instead out16[rows, cols] (ld ldc) = bf16(alpha * (A tile . B panel) +
+// bias) and C is not touched.
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void Bf16Tile(const uint32_t* ap, const uint32_t* bp,
                                                                               int64_t kp, float* c, int64_t ldc,
                                                                               int rows, int cols, float alpha,
-                                                                              float beta) {
+                                                                              float beta, uint16_t* out16,
+                                                                              const float* bias) {
   // 16 named accumulators: an array indexed in a loop would live on the stack.
   __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00;
   __m512 c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00;
@@ -368,6 +419,21 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void Bf16Tile(co
   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
   const __mmask16 m0 = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
   const __mmask16 m1 = cols >= 32 ? __mmask16(0xFFFF) : cols <= 16 ? __mmask16(0) : __mmask16((1u << (cols - 16)) - 1);
+  if (out16 != nullptr) {
+    const __m512 bias0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
+    const __m512 bias1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
+    for (int r = 0; r < rows; ++r) {
+      uint16_t* row = out16 + r * ldc;
+      __m512 v0 = _mm512_mul_ps(acc[r][0], va), v1 = _mm512_mul_ps(acc[r][1], va);
+      if (bias) {
+        v0 = _mm512_add_ps(v0, bias0);
+        v1 = _mm512_add_ps(v1, bias1);
+      }
+      _mm256_mask_storeu_epi16(row, m0, RoundToBf16(v0));
+      _mm256_mask_storeu_epi16(row + 16, m1, RoundToBf16(v1));
+    }
+    return;
+  }
   for (int r = 0; r < rows; ++r) {
     float* row = c + r * ldc;
     __m512 v0 = _mm512_mul_ps(acc[r][0], va), v1 = _mm512_mul_ps(acc[r][1], va);
@@ -379,6 +445,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void Bf16Tile(co
     _mm512_mask_storeu_ps(row + 16, m1, v1);
   }
 }
+
+#pragma GCC diagnostic pop
 
 // One task: kSuperRows rows x kGroupPanels panels; tasks of one column group
 // are consecutive, so a thread's range shares its B slice. K is walked in
@@ -402,8 +470,29 @@ void Bf16ComputeBody(void* ctx, int64_t begin, int64_t end) {
         for (int64_t blk = b0; blk < b1; ++blk) {
           const uint32_t* ap = g.ap + size_t(blk) * size_t(g.kp) * kMR + size_t(k0) * kMR;
           const int rows = int(std::min<int64_t>(kMR, g.m - blk * kMR));
-          Bf16Tile(ap, bp, kc, g.c + blk * kMR * g.n + pan * kNR, g.n, rows, cols, g.alpha, beta);
+          Bf16Tile(ap, bp, kc, g.c + blk * kMR * g.n + pan * kNR, g.n, rows, cols, g.alpha, beta, nullptr, nullptr);
         }
+      }
+    }
+  }
+}
+
+// Direct bf16 output: each tile runs the whole of K in registers and is
+// rounded once into D (no fp32 pass over D at all).
+void Bf16DirectBody(void* ctx, int64_t begin, int64_t end) {
+  const auto& g = *static_cast<const Bf16Job*>(ctx);
+  const int64_t blocks_per_super = kSuperRows / kMR;
+  for (int64_t t = begin; t < end; ++t) {
+    const int64_t grp = t / g.m_supers, sup = t % g.m_supers;
+    const int64_t p0 = grp * kGroupPanels, p1 = std::min(g.n_panels, p0 + kGroupPanels);
+    const int64_t b0 = sup * blocks_per_super, b1 = std::min(g.m_blocks, b0 + blocks_per_super);
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      const uint32_t* ap = g.ap + size_t(blk) * size_t(g.kp) * kMR;
+      const int rows = int(std::min<int64_t>(kMR, g.m - blk * kMR));
+      for (int64_t pan = p0; pan < p1; ++pan) {
+        const int cols = int(std::min<int64_t>(kNR, g.n - pan * kNR));
+        Bf16Tile(ap, g.bp + size_t(pan) * size_t(g.kp) * kNR, g.kp, nullptr, g.n, rows, cols, g.alpha, 0.0f,
+                 g.out16 + blk * kMR * g.n + pan * kNR, g.bias ? g.bias + pan * kNR : nullptr);
       }
     }
   }
@@ -426,7 +515,8 @@ size_t Bf16PackedWords(int64_t m, int64_t n, int64_t k) {
 // c = alpha * op(A) op(B) + beta * c with bf16 A, B (no subnormals); packed
 // must have Bf16PackedWords(m, n, k) words of capacity (no allocation here).
 void Bf16Gemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
-              const void* b, float beta, float* c, std::vector<uint32_t>& packed) {
+              const void* b, float beta, float* c, std::vector<uint32_t>& packed, uint16_t* out16 = nullptr,
+              const float* bias = nullptr) {
   Bf16Job g;
   g.m = m;
   g.n = n;
@@ -439,17 +529,19 @@ void Bf16Gemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, 
   g.alpha = alpha;
   g.beta = beta;
   g.c = c;
+  g.out16 = out16;
+  g.bias = bias;
   g.m_blocks = (m + kMR - 1) / kMR;
   g.n_panels = (n + kNR - 1) / kNR;
   g.m_supers = (m + kSuperRows - 1) / kSuperRows;
   g.n_groups = (g.n_panels + kGroupPanels - 1) / kGroupPanels;
   const size_t a_words = size_t(g.m_blocks) * size_t(g.kp) * kMR;
-  packed.resize(a_words + size_t(g.n_panels) * size_t(g.kp) * kNR);
+  Grow(packed, a_words + size_t(g.n_panels) * size_t(g.kp) * kNR);
   g.ap = packed.data();
   g.bp = packed.data() + a_words;
   f->host->parallel_for(g.m_blocks, 1, PackABody, &g);
   f->host->parallel_for(g.n_panels, 1, PackBBody, &g);
-  f->host->parallel_for(g.n_groups * g.m_supers, 1, Bf16ComputeBody, &g);
+  f->host->parallel_for(g.n_groups * g.m_supers, 1, out16 ? Bf16DirectBody : Bf16ComputeBody, &g);
 }
 
 // ---- one GEMM: fp32 operands, any epilogue ---------------------------------------
@@ -505,12 +597,24 @@ void EpilogueBody(void* ctx, int64_t begin, int64_t end) {
 }
 
 // Runs g; `scratch` holds the fp32 result when D is not fp32.
+// Whether g takes the bf16 path straight into a bf16 D: no Cterm, no GELU,
+// no amax (bias is added in the tile).
+bool DirectBf16(const Gemm& g) {
+  return g.a16 != nullptr && g.td == DType::kBF16 && !(g.c != nullptr && g.beta != 0.0f) && !g.gelu &&
+         g.amax == nullptr && g.k > 0 && g.alpha != 0.0f;
+}
+
 void Run(const tefl_call_frame* f, const Gemm& g, std::vector<float>& scratch) {
   if (g.m == 0 || g.n == 0) return;
+  if (DirectBf16(g)) {
+    Bf16Gemm(f, g.transa, g.transb, g.m, g.n, g.k, g.alpha, g.a16, g.b16, 0.0f, nullptr, *g.packed,
+             static_cast<uint16_t*>(g.d), g.bias);
+    return;
+  }
   const int64_t mn = g.m * g.n;
   float* acc = g.td == DType::kF32 ? static_cast<float*>(g.d) : nullptr;
   if (acc == nullptr) {
-    scratch.resize(size_t(mn));
+    Grow(scratch, size_t(mn));
     acc = scratch.data();
   }
   // Cterm into acc (beta = 0: not read, as BLAS).
@@ -571,14 +675,15 @@ tefl_status* GenericGemm(const tefl_call_frame* f, void*) {
     const int64_t n = transb ? b->shape[0] : b->shape[1];
 
     // Everything that can fail (allocation) happens before D is written.
-    std::vector<float> abuf, bbuf, biasbuf, scratch;
-    std::vector<uint32_t> packed;
+    Workspace& ws = ThreadWorkspace();
+    const WorkspaceTrim trim(ws);
+    std::vector<float>&abuf = ws.a, &bbuf = ws.b, &biasbuf = ws.bias, &scratch = ws.scratch;
+    std::vector<uint32_t>& packed = ws.packed;
     const bool bf16_path = UseBf16Path(ta, tb, m, n, k, DataPtr(a), DataPtr(b));
-    if (bf16_path) packed.reserve(Bf16PackedWords(m, n, k));
+    if (bf16_path) Grow(packed, Bf16PackedWords(m, n, k));
     const float* a32 = bf16_path ? nullptr : AsF32(f, DataPtr(a), ta, m * k, abuf);
     const float* b32 = bf16_path ? nullptr : AsF32(f, DataPtr(b), tb, k * n, bbuf);
     const float* bias32 = bias ? AsF32(f, DataPtr(bias), DTypeOf(bias->dtype), n, biasbuf) : nullptr;
-    if (td != DType::kF32) scratch.reserve(size_t(m * n));
     std::vector<double> bgrad(bias_grad ? size_t(m) : 0);
 
     const float sa = IsFp8(ta) ? ScalarOf(f->inputs[4]) : 1.0f;
@@ -609,6 +714,7 @@ tefl_status* GenericGemm(const tefl_call_frame* f, void*) {
     g.amax = d_amax ? &amax : nullptr;
     // alpha = 0 means "no product" to BLAS; keep it so when the scales are 0 too.
     if (at->alpha == 0.0f) g.alpha = 0.0f;
+    if (td != DType::kF32 && !DirectBf16(g)) Grow(scratch, size_t(m * n));  // before anything is written
     Run(f, g, scratch);
 
     const void* araw = DataPtr(a);
@@ -655,16 +761,18 @@ tefl_status* GroupedGemm(const tefl_call_frame* f, void*) {
     const int64_t k = a->shape[1];
     const int64_t n = at->transb ? b->shape[1] : b->shape[2];
 
-    std::vector<float> abuf, bbuf, biasbuf, scratch;
-    std::vector<uint32_t> packed;
+    Workspace& ws = ThreadWorkspace();
+    const WorkspaceTrim trim(ws);
+    std::vector<float>&abuf = ws.a, &bbuf = ws.b, &biasbuf = ws.bias, &scratch = ws.scratch;
+    std::vector<uint32_t>& packed = ws.packed;
     int64_t max_m = 0;
     for (int64_t grp = 0; grp < groups; ++grp) max_m = std::max(max_m, splits[grp]);
     const bool bf16_path = UseBf16Path(ta, tb, max_m, n, k, DataPtr(a), DataPtr(b), groups, rows);
-    if (bf16_path) packed.reserve(Bf16PackedWords(max_m, n, k));
+    if (bf16_path) Grow(packed, Bf16PackedWords(max_m, n, k));
     const float* a32 = bf16_path ? nullptr : AsF32(f, DataPtr(a), ta, rows * k, abuf);
     const float* b32 = bf16_path ? nullptr : AsF32(f, DataPtr(b), tb, groups * k * n, bbuf);
     const float* bias32 = bias ? AsF32(f, DataPtr(bias), DTypeOf(bias->dtype), groups * n, biasbuf) : nullptr;
-    if (td != DType::kF32) scratch.reserve(size_t(rows * n));  // the largest group fits
+    if (td != DType::kF32) Grow(scratch, size_t(max_m * n));  // the largest group fits
 
     const size_t ed = FloatElemSize(td);
     int64_t row = 0;
