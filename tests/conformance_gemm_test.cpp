@@ -624,6 +624,19 @@ TEST(GroupedGemm, MatchesReferenceWithAnEmptyGroup) {
     Problem p = MakeGrouped(c, splits, 19, 37);
     CheckAll(p);
   }
+  // Groups large enough for default.portable's bf16 dot-product path (decided
+  // per call from the largest group), small groups included.
+  const GroupedCase bf16_cases[] = {
+      {DType::kBF16, DType::kBF16, true, true, false, false, 1.0f, 1.0f},   // bf16 D straight from the tiles
+      {DType::kBF16, DType::kBF16, false, false, true, false, 1.0f, 0.5f},  // accumulate: fp32 scratch
+      {DType::kBF16, DType::kF32, true, true, false, true, 2.0f, 1.0f},     // GELU epilogue, fp32 D
+  };
+  for (const GroupedCase& c : bf16_cases) {
+    SCOPED_TRACE(fmt::format("large {}->{} transb={} bias={} acc={} gelu={}", Short(c.t), Short(c.td), c.transb, c.bias,
+                             c.accumulate, c.gelu));
+    Problem p = MakeGrouped(c, {40, 0, 70, 5}, 48, 40);
+    CheckAll(p);
+  }
   // Every group empty, and no groups at all.
   for (const std::vector<int64_t>& s : {std::vector<int64_t>{0, 0}, std::vector<int64_t>{}}) {
     Problem p = MakeGrouped(cases[1], s, 4, 6);

@@ -270,10 +270,12 @@ void Sgemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, int
 // op(B) into K-pair-interleaved panels and runs an 8 x 32 register-tile
 // micro-kernel: each vdpbf16ps lane adds a[k] b[k] + a[k+1] b[k+1] (products
 // exact in fp32, sums rounded to nearest even: the error bound of any fp32
-// summation order). vdpbf16ps treats subnormal inputs as zero, so packing
-// looks for subnormal bf16 values and the call falls back to the exact
-// sgemm path when there is one. Used when the CPU has avx512_bf16 and the
-// GEMM has at least kBf16MinWork multiply-adds.
+// summation order). vdpbf16ps treats subnormal inputs as zero, so A and B
+// are scanned first and a call with a subnormal bf16 value takes the exact
+// sgemm path. It also flushes subnormal fp32 results (|x| < 2^-126) to zero:
+// an absolute error below K * 2^-126, far under every tolerance. Used when
+// the CPU has avx512_bf16 and the GEMM has at least kBf16MinWork
+// multiply-adds.
 constexpr int kMR = 8, kNR = 32;     // register tile: 8 rows x 32 columns (2 zmm)
 constexpr int64_t kGroupPanels = 4;  // column panels per task (B slice stays in L2)
 constexpr int64_t kSuperRows = 64;   // rows per task (8 tiles)
