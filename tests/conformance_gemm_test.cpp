@@ -520,21 +520,24 @@ TEST(GemmLayout, TransformerEngineCallsMapToRowMajor) {
 TEST(GemmConformanceSpecial, NanAndInfPropagate) {
   // 40 x 33 x 37: large enough for default.portable's bf16 dot-product path.
   const int64_t m = 40, n = 33, k = 37;
-  for (DType t : {DType::kF32, DType::kBF16}) {
-    Problem p = MakeGemm({t, t, t}, kEpilogues[2], m, n, k, false, true, "naninf");
-    p.in[kA]->set(2 * k + 4, std::nan(""));                             // row 2 of D: NaN
-    p.in[kB]->set(5 * k + 3, std::numeric_limits<double>::infinity());  // column 5: +-inf or NaN
-    p.in[kBias]->set(11, -std::numeric_limits<double>::infinity());     // column 11: -inf (gelu(-inf) NaN)
-    p.magnitude = MagnitudeOf(p, m, n, k);
-    for (double& v : p.magnitude)
-      if (!std::isfinite(v)) v = 0;
-    CheckAll(p);
-    Problem ref = p;
-    ASSERT_TRUE(ref.Run(kReference).ok());
-    for (int64_t j = 0; j < n; ++j) EXPECT_TRUE(std::isnan(ref.out[kD]->at(2 * n + j))) << j;
-    EXPECT_FALSE(std::isfinite(ref.out[kPreGelu]->at(0 * n + 5)));
-    EXPECT_FALSE(std::isfinite(ref.out[kPreGelu]->at(0 * n + 11)));
-  }
+  for (int epi : {2, 1})  // GELU (epilogue pass); bias only (bf16: straight from the tiles)
+    for (DType t : {DType::kF32, DType::kBF16}) {
+      SCOPED_TRACE(fmt::format("{} {}", Short(t), kEpilogues[epi].name));
+      Problem p = MakeGemm({t, t, t}, kEpilogues[epi], m, n, k, false, true, "naninf");
+      p.in[kA]->set(2 * k + 4, std::nan(""));                             // row 2 of D: NaN
+      p.in[kB]->set(5 * k + 3, std::numeric_limits<double>::infinity());  // column 5: +-inf or NaN
+      p.in[kBias]->set(11, -std::numeric_limits<double>::infinity());     // column 11: -inf (gelu(-inf) NaN)
+      p.magnitude = MagnitudeOf(p, m, n, k);
+      for (double& v : p.magnitude)
+        if (!std::isfinite(v)) v = 0;
+      CheckAll(p);
+      Problem ref = p;
+      ASSERT_TRUE(ref.Run(kReference).ok());
+      for (int64_t j = 0; j < n; ++j) EXPECT_TRUE(std::isnan(ref.out[kD]->at(2 * n + j))) << j;
+      const Tensor& pre = epi == 2 ? *ref.out[kPreGelu] : *ref.out[kD];
+      EXPECT_FALSE(std::isfinite(pre.at(0 * n + 5)));
+      EXPECT_FALSE(std::isfinite(pre.at(0 * n + 11)));
+    }
 }
 
 // bf16 subnormal inputs count (the vdpbf16ps path would read them as 0, so
@@ -619,6 +622,19 @@ TEST(GroupedGemm, MatchesReferenceWithAnEmptyGroup) {
     SCOPED_TRACE(fmt::format("{}->{} transb={} bias={} acc={} gelu={}", Short(c.t), Short(c.td), c.transb, c.bias,
                              c.accumulate, c.gelu));
     Problem p = MakeGrouped(c, splits, 19, 37);
+    CheckAll(p);
+  }
+  // Groups large enough for default.portable's bf16 dot-product path (decided
+  // per call from the largest group), small groups included.
+  const GroupedCase bf16_cases[] = {
+      {DType::kBF16, DType::kBF16, true, true, false, false, 1.0f, 1.0f},   // bf16 D straight from the tiles
+      {DType::kBF16, DType::kBF16, false, false, true, false, 1.0f, 0.5f},  // accumulate: fp32 scratch
+      {DType::kBF16, DType::kF32, true, true, false, true, 2.0f, 1.0f},     // GELU epilogue, fp32 D
+  };
+  for (const GroupedCase& c : bf16_cases) {
+    SCOPED_TRACE(fmt::format("large {}->{} transb={} bias={} acc={} gelu={}", Short(c.t), Short(c.td), c.transb, c.bias,
+                             c.accumulate, c.gelu));
+    Problem p = MakeGrouped(c, {40, 0, 70, 5}, 48, 40);
     CheckAll(p);
   }
   // Every group empty, and no groups at all.

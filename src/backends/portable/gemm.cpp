@@ -10,10 +10,13 @@
 //    scratch [M, N]. C (or D's prior content with accumulate) is copied in
 //    first and sgemm's beta applies to it; BLAS conventions hold: alpha = 0
 //    skips the product, beta = 0 skips C (the reference does the same).
+//  - bf16 x bf16 on a CPU with avx512_bf16: packed panels and a vdpbf16ps
+//    micro-kernel instead (see "bf16 x bf16" below), no fp32 copies.
 //  - One fused epilogue pass over D, rows spread over the host pool: bias,
-//    GELU (pre_gelu_out), amax (NaN ignored, as TE), output conversion
-//    (bf16/fp16 round to nearest even; FP8 fp8(D * d_scale), saturating).
-//    A plain fp32 GEMM has no epilogue pass at all.
+//    GELU (pre_gelu_out; Highway's Tanh, dispatched per ISA), amax (NaN
+//    ignored, as TE), output conversion (bf16/fp16 round to nearest even;
+//    FP8 fp8(D * d_scale), saturating). A plain fp32 GEMM has no epilogue
+//    pass at all.
 //  - bias_grad (grad): row sums of op(A) in double.
 //
 // Threads: OpenBLAS keeps its own pthread pool. Every sgemm runs under one
@@ -42,7 +45,87 @@
 #include "core/fp8.h"
 #include "tefl/ops.h"
 
+// ---- GELU over a row: Highway, compiled per target (foreach_target.h) ----------
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "backends/portable/gemm.cpp"
+// clang-format off
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+#include <hwy/contrib/math/math-inl.h>
+#include "backends/portable/simd_io-inl.h"
+// clang-format on
+
+HWY_BEFORE_NAMESPACE();
+namespace tefl::backends::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using D = hn::ScalableTag<float>;
+using V = hn::Vec<D>;
+
+// gelu_tanh(x) = x * (0.5 + 0.5 tanh(x (0.79788456 + 0.03567741 x^2))) with
+// Highway's Tanh (a few ulp; -inf gives NaN as the formula does).
+HWY_INLINE V Gelu(D d, V x) {
+  const V half = hn::Set(d, 0.5f);
+  const V t = hn::Tanh(d, hn::Mul(x, hn::MulAdd(hn::Set(d, 0.03567741f), hn::Mul(x, x), hn::Set(d, 0.79788456f))));
+  return hn::Mul(x, hn::MulAdd(half, t, half));
+}
+
+HWY_INLINE void StoreAny(V v, D d, void* base, DType t, size_t j) {
+  if (t == DType::kBF16) {
+    StoreF(v, d, static_cast<bfloat16_t*>(base) + j);
+  } else if (t == DType::kF16) {
+    StoreF(v, d, static_cast<float16_t*>(base) + j);
+  } else {
+    hn::StoreU(v, d, static_cast<float*>(base) + j);
+  }
+}
+
+// One row of the epilogue, in one pass: v = row + bias; pre_gelu_out = v;
+// v = gelu(v); amax = max(amax, |v|) (NaN ignored); out = v rounded to td
+// (FP8 D: the row keeps v, converted by the caller).
+HWY_NOINLINE void EpilogueRow(float* HWY_RESTRICT row, size_t n, const float* HWY_RESTRICT bias, bool gelu, void* pre,
+                              DType tpre, float* amax, void* out, DType td) {
+  const D d;
+  const size_t lanes = hn::Lanes(d);
+  const bool fp8 = td == DType::kE4M3 || td == DType::kE5M2;
+  V vmax = hn::Zero(d);
+  size_t j = 0;
+  for (; j + lanes <= n; j += lanes) {
+    V v = hn::LoadU(d, row + j);
+    if (bias) v = hn::Add(v, hn::LoadU(d, bias + j));
+    if (gelu) {
+      if (pre) StoreAny(v, d, pre, tpre, j);
+      v = Gelu(d, v);
+    }
+    if (amax) {
+      const V av = hn::Abs(v);
+      vmax = hn::IfThenElse(hn::Gt(av, vmax), av, vmax);  // false for NaN
+    }
+    StoreAny(v, d, fp8 ? static_cast<void*>(row) : out, fp8 ? DType::kF32 : td, j);
+  }
+  float m = amax ? hn::GetLane(hn::MaxOfLanes(d, vmax)) : 0.0f;
+  for (; j < n; ++j) {
+    float v = row[j];
+    if (bias) v += bias[j];
+    if (gelu) {
+      if (pre) StoreFromFloat(pre, int64_t(j), tpre, v);
+      v = v * (0.5f + 0.5f * std::tanh(v * (0.79788456f + 0.03567741f * v * v)));
+    }
+    if (std::fabs(v) > m) m = std::fabs(v);
+    if (fp8)
+      row[j] = v;
+    else
+      StoreFromFloat(out, int64_t(j), td, v);
+  }
+  if (amax) *amax = m;
+}
+
+}  // namespace tefl::backends::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
 namespace tefl::backends {
+HWY_EXPORT(EpilogueRow);
 namespace {
 
 constexpr const char* kImpl = "default.portable";
@@ -54,6 +137,36 @@ Fp8Format FormatOf(DType t) { return t == DType::kE4M3 ? Fp8Format::kE4M3 : Fp8F
 
 tefl_status* Status(const tefl_call_frame* f, int32_t code, const char* what) noexcept {
   return KernelStatus(f, kImpl, "gemm", code, what);
+}
+
+// ---- per-thread workspace ---------------------------------------------------------
+// fp32 copies of the operands, the fp32 result of a non-fp32 D and the bf16
+// path's packed panels live in buffers kept by the calling thread between
+// calls (a fresh 64 MiB buffer costs its page faults on every call). They
+// only grow (no re-initialisation); a call that leaves more than
+// kWorkspaceKeepBytes in them frees them on return.
+constexpr size_t kWorkspaceKeepBytes = size_t(256) << 20;
+struct Workspace {
+  std::vector<float> a, b, bias, scratch;
+  std::vector<uint32_t> packed;
+  size_t Bytes() const {
+    return (a.capacity() + b.capacity() + bias.capacity() + scratch.capacity() + packed.capacity()) * 4;
+  }
+};
+Workspace& ThreadWorkspace() {
+  thread_local Workspace ws;
+  return ws;
+}
+struct WorkspaceTrim {
+  Workspace& ws;
+  explicit WorkspaceTrim(Workspace& w) : ws(w) {}
+  ~WorkspaceTrim() {
+    if (ws.Bytes() > kWorkspaceKeepBytes) ws = Workspace();
+  }
+};
+template <class T>
+void Grow(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
 }
 
 // ---- conversions ----------------------------------------------------------------
@@ -126,7 +239,7 @@ void ConvertBody(void* ctx, int64_t begin, int64_t end) {
 }
 const float* AsF32(const tefl_call_frame* f, const void* src, DType t, int64_t n, std::vector<float>& buf) {
   if (t == DType::kF32) return static_cast<const float*>(src);
-  buf.resize(size_t(n));
+  Grow(buf, size_t(n));
   ConvertCtx c{src, t, buf.data(), n};
   f->host->parallel_for((n + kConvertChunk - 1) / kConvertChunk, 1, ConvertBody, &c);
   return buf.data();
@@ -157,10 +270,12 @@ void Sgemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, int
 // op(B) into K-pair-interleaved panels and runs an 8 x 32 register-tile
 // micro-kernel: each vdpbf16ps lane adds a[k] b[k] + a[k+1] b[k+1] (products
 // exact in fp32, sums rounded to nearest even: the error bound of any fp32
-// summation order). vdpbf16ps treats subnormal inputs as zero, so packing
-// looks for subnormal bf16 values and the call falls back to the exact
-// sgemm path when there is one. Used when the CPU has avx512_bf16 and the
-// GEMM has at least kBf16MinWork multiply-adds.
+// summation order). vdpbf16ps treats subnormal inputs as zero, so A and B
+// are scanned first and a call with a subnormal bf16 value takes the exact
+// sgemm path. It also flushes subnormal fp32 results (|x| < 2^-126) to zero:
+// an absolute error below K * 2^-126, far under every tolerance. Used when
+// the CPU has avx512_bf16 and the GEMM has at least kBf16MinWork
+// multiply-adds.
 constexpr int kMR = 8, kNR = 32;     // register tile: 8 rows x 32 columns (2 zmm)
 constexpr int64_t kGroupPanels = 4;  // column panels per task (B slice stays in L2)
 constexpr int64_t kSuperRows = 64;   // rows per task (8 tiles)
@@ -182,7 +297,9 @@ struct Bf16Job {
   uint32_t* ap;  // [ceil(M / kMR)][kp][kMR] pairs
   uint32_t* bp;  // [ceil(N / kNR)][kp][kNR] pairs
   float alpha, beta;
-  float* c;  // [M, N] fp32; beta != 0: holds Cterm
+  float* c;           // [M, N] fp32; beta != 0: holds Cterm
+  uint16_t* out16;    // direct bf16 output [M, N] (then c is unused), or NULL
+  const float* bias;  // [N] fp32 added before the bf16 rounding, or NULL
   int64_t m_blocks, n_panels, m_supers, n_groups;
 };
 
@@ -253,10 +370,29 @@ void PackBBody(void* ctx, int64_t begin, int64_t end) {
 }
 
 // C[rows, cols] (ld ldc) = alpha * (A tile . B panel) + beta * C.
+// GCC 12 reports its own _mm512_undefined_*() placeholders inside the
+// shift/narrowing intrinsics as "maybe uninitialized" (a false positive).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// bf16 bits of v rounded to nearest even (NaN: quiet, payload kept), as
+// dtype.h's FloatToBF16.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline __m256i RoundToBf16(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(u, _mm512_set1_epi32(0x400000)));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+}
+
+// C[rows, cols] (ld ldc) = alpha * (A tile . B panel) + beta * C; with out16,
+// instead out16[rows, cols] (ld ldc) = bf16(alpha * (A tile . B panel) +
+// bias) and C is not touched.
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void Bf16Tile(const uint32_t* ap, const uint32_t* bp,
                                                                               int64_t kp, float* c, int64_t ldc,
                                                                               int rows, int cols, float alpha,
-                                                                              float beta) {
+                                                                              float beta, uint16_t* out16,
+                                                                              const float* bias) {
   // 16 named accumulators: an array indexed in a loop would live on the stack.
   __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00;
   __m512 c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00;
@@ -285,6 +421,21 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void Bf16Tile(co
   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
   const __mmask16 m0 = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
   const __mmask16 m1 = cols >= 32 ? __mmask16(0xFFFF) : cols <= 16 ? __mmask16(0) : __mmask16((1u << (cols - 16)) - 1);
+  if (out16 != nullptr) {
+    const __m512 bias0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
+    const __m512 bias1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
+    for (int r = 0; r < rows; ++r) {
+      uint16_t* row = out16 + r * ldc;
+      __m512 v0 = _mm512_mul_ps(acc[r][0], va), v1 = _mm512_mul_ps(acc[r][1], va);
+      if (bias) {
+        v0 = _mm512_add_ps(v0, bias0);
+        v1 = _mm512_add_ps(v1, bias1);
+      }
+      _mm256_mask_storeu_epi16(row, m0, RoundToBf16(v0));
+      _mm256_mask_storeu_epi16(row + 16, m1, RoundToBf16(v1));
+    }
+    return;
+  }
   for (int r = 0; r < rows; ++r) {
     float* row = c + r * ldc;
     __m512 v0 = _mm512_mul_ps(acc[r][0], va), v1 = _mm512_mul_ps(acc[r][1], va);
@@ -297,9 +448,40 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void Bf16Tile(co
   }
 }
 
+#pragma GCC diagnostic pop
+
 // One task: kSuperRows rows x kGroupPanels panels; tasks of one column group
-// are consecutive, so a thread's range shares its B slice.
+// are consecutive, so a thread's range shares its B slice. K is walked in
+// chunks of kKcPairs pairs: a chunk of one B panel (16 KiB) stays in L1
+// while the task's row tiles pass over it; the first chunk applies beta,
+// later ones add to the fp32 result.
+constexpr int64_t kKcPairs = 128;
 void Bf16ComputeBody(void* ctx, int64_t begin, int64_t end) {
+  const auto& g = *static_cast<const Bf16Job*>(ctx);
+  const int64_t blocks_per_super = kSuperRows / kMR;
+  for (int64_t t = begin; t < end; ++t) {
+    const int64_t grp = t / g.m_supers, sup = t % g.m_supers;
+    const int64_t p0 = grp * kGroupPanels, p1 = std::min(g.n_panels, p0 + kGroupPanels);
+    const int64_t b0 = sup * blocks_per_super, b1 = std::min(g.m_blocks, b0 + blocks_per_super);
+    for (int64_t k0 = 0; k0 < g.kp; k0 += kKcPairs) {
+      const int64_t kc = std::min(kKcPairs, g.kp - k0);
+      const float beta = k0 == 0 ? g.beta : 1.0f;
+      for (int64_t pan = p0; pan < p1; ++pan) {
+        const uint32_t* bp = g.bp + size_t(pan) * size_t(g.kp) * kNR + size_t(k0) * kNR;
+        const int cols = int(std::min<int64_t>(kNR, g.n - pan * kNR));
+        for (int64_t blk = b0; blk < b1; ++blk) {
+          const uint32_t* ap = g.ap + size_t(blk) * size_t(g.kp) * kMR + size_t(k0) * kMR;
+          const int rows = int(std::min<int64_t>(kMR, g.m - blk * kMR));
+          Bf16Tile(ap, bp, kc, g.c + blk * kMR * g.n + pan * kNR, g.n, rows, cols, g.alpha, beta, nullptr, nullptr);
+        }
+      }
+    }
+  }
+}
+
+// Direct bf16 output: each tile runs the whole of K in registers and is
+// rounded once into D (no fp32 pass over D at all).
+void Bf16DirectBody(void* ctx, int64_t begin, int64_t end) {
   const auto& g = *static_cast<const Bf16Job*>(ctx);
   const int64_t blocks_per_super = kSuperRows / kMR;
   for (int64_t t = begin; t < end; ++t) {
@@ -311,8 +493,8 @@ void Bf16ComputeBody(void* ctx, int64_t begin, int64_t end) {
       const int rows = int(std::min<int64_t>(kMR, g.m - blk * kMR));
       for (int64_t pan = p0; pan < p1; ++pan) {
         const int cols = int(std::min<int64_t>(kNR, g.n - pan * kNR));
-        Bf16Tile(ap, g.bp + size_t(pan) * size_t(g.kp) * kNR, g.kp, g.c + blk * kMR * g.n + pan * kNR, g.n, rows, cols,
-                 g.alpha, g.beta);
+        Bf16Tile(ap, g.bp + size_t(pan) * size_t(g.kp) * kNR, g.kp, nullptr, g.n, rows, cols, g.alpha, 0.0f,
+                 g.out16 + blk * kMR * g.n + pan * kNR, g.bias ? g.bias + pan * kNR : nullptr);
       }
     }
   }
@@ -335,7 +517,8 @@ size_t Bf16PackedWords(int64_t m, int64_t n, int64_t k) {
 // c = alpha * op(A) op(B) + beta * c with bf16 A, B (no subnormals); packed
 // must have Bf16PackedWords(m, n, k) words of capacity (no allocation here).
 void Bf16Gemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
-              const void* b, float beta, float* c, std::vector<uint32_t>& packed) {
+              const void* b, float beta, float* c, std::vector<uint32_t>& packed, uint16_t* out16 = nullptr,
+              const float* bias = nullptr) {
   Bf16Job g;
   g.m = m;
   g.n = n;
@@ -348,17 +531,19 @@ void Bf16Gemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, 
   g.alpha = alpha;
   g.beta = beta;
   g.c = c;
+  g.out16 = out16;
+  g.bias = bias;
   g.m_blocks = (m + kMR - 1) / kMR;
   g.n_panels = (n + kNR - 1) / kNR;
   g.m_supers = (m + kSuperRows - 1) / kSuperRows;
   g.n_groups = (g.n_panels + kGroupPanels - 1) / kGroupPanels;
   const size_t a_words = size_t(g.m_blocks) * size_t(g.kp) * kMR;
-  packed.resize(a_words + size_t(g.n_panels) * size_t(g.kp) * kNR);
+  Grow(packed, a_words + size_t(g.n_panels) * size_t(g.kp) * kNR);
   g.ap = packed.data();
   g.bp = packed.data() + a_words;
   f->host->parallel_for(g.m_blocks, 1, PackABody, &g);
   f->host->parallel_for(g.n_panels, 1, PackBBody, &g);
-  f->host->parallel_for(g.n_groups * g.m_supers, 1, Bf16ComputeBody, &g);
+  f->host->parallel_for(g.n_groups * g.m_supers, 1, out16 ? Bf16DirectBody : Bf16ComputeBody, &g);
 }
 
 // ---- one GEMM: fp32 operands, any epilogue ---------------------------------------
@@ -383,8 +568,6 @@ struct Gemm {
   std::atomic<uint32_t>* amax;  // bits of the running max |D| (non-negative floats order as integers)
 };
 
-float GeluTanh(float x) { return x * (0.5f + 0.5f * std::tanh(x * (0.79788456f + 0.03567741f * x * x))); }
-
 struct EpilogueCtx {
   const Gemm* g;
   float* acc;  // [M, N] fp32: D itself when D is fp32
@@ -401,30 +584,39 @@ void EpilogueBody(void* ctx, int64_t begin, int64_t end) {
   const auto& e = *static_cast<const EpilogueCtx*>(ctx);
   const Gemm& g = *e.g;
   const size_t n = size_t(g.n);
+  const bool fp8 = IsFp8(g.td);
   float amax = 0.0f;
   for (int64_t r = begin; r < end; ++r) {
     float* row = e.acc + size_t(r) * n;
-    if (g.bias)
-      for (size_t j = 0; j < n; ++j) row[j] += g.bias[j];
-    if (g.gelu) {
-      if (g.pre) FromF32(row, g.tpre, static_cast<char*>(g.pre) + size_t(r) * n * ElemSize(g.tpre), int64_t(n), 1.0f);
-      for (size_t j = 0; j < n; ++j) row[j] = GeluTanh(row[j]);
-    }
-    if (g.amax)
-      for (size_t j = 0; j < n; ++j) amax = std::fabs(row[j]) > amax ? std::fabs(row[j]) : amax;  // NaN ignored
-    if (g.td != DType::kF32)
-      FromF32(row, g.td, static_cast<char*>(g.d) + size_t(r) * n * ElemSize(g.td), int64_t(n), g.d_scale);
+    float row_amax = 0.0f;
+    HWY_DYNAMIC_DISPATCH(EpilogueRow)
+    (row, n, g.bias, g.gelu, g.pre ? static_cast<char*>(g.pre) + size_t(r) * n * ElemSize(g.tpre) : nullptr, g.tpre,
+     g.amax ? &row_amax : nullptr, static_cast<char*>(g.d) + size_t(r) * n * ElemSize(g.td), g.td);
+    amax = row_amax > amax ? row_amax : amax;
+    if (fp8) FromF32(row, g.td, static_cast<char*>(g.d) + size_t(r) * n, int64_t(n), g.d_scale);
   }
   if (g.amax) AtomicMax(g.amax, amax);
 }
 
 // Runs g; `scratch` holds the fp32 result when D is not fp32.
+// Whether g takes the bf16 path straight into a bf16 D: no Cterm, no GELU,
+// no amax (bias is added in the tile).
+bool DirectBf16(const Gemm& g) {
+  return g.a16 != nullptr && g.td == DType::kBF16 && !(g.c != nullptr && g.beta != 0.0f) && !g.gelu &&
+         g.amax == nullptr && g.k > 0 && g.alpha != 0.0f;
+}
+
 void Run(const tefl_call_frame* f, const Gemm& g, std::vector<float>& scratch) {
   if (g.m == 0 || g.n == 0) return;
+  if (DirectBf16(g)) {
+    Bf16Gemm(f, g.transa, g.transb, g.m, g.n, g.k, g.alpha, g.a16, g.b16, 0.0f, nullptr, *g.packed,
+             static_cast<uint16_t*>(g.d), g.bias);
+    return;
+  }
   const int64_t mn = g.m * g.n;
   float* acc = g.td == DType::kF32 ? static_cast<float*>(g.d) : nullptr;
   if (acc == nullptr) {
-    scratch.resize(size_t(mn));
+    Grow(scratch, size_t(mn));
     acc = scratch.data();
   }
   // Cterm into acc (beta = 0: not read, as BLAS).
@@ -485,14 +677,15 @@ tefl_status* GenericGemm(const tefl_call_frame* f, void*) {
     const int64_t n = transb ? b->shape[0] : b->shape[1];
 
     // Everything that can fail (allocation) happens before D is written.
-    std::vector<float> abuf, bbuf, biasbuf, scratch;
-    std::vector<uint32_t> packed;
+    Workspace& ws = ThreadWorkspace();
+    const WorkspaceTrim trim(ws);
+    std::vector<float>&abuf = ws.a, &bbuf = ws.b, &biasbuf = ws.bias, &scratch = ws.scratch;
+    std::vector<uint32_t>& packed = ws.packed;
     const bool bf16_path = UseBf16Path(ta, tb, m, n, k, DataPtr(a), DataPtr(b));
-    if (bf16_path) packed.reserve(Bf16PackedWords(m, n, k));
+    if (bf16_path) Grow(packed, Bf16PackedWords(m, n, k));
     const float* a32 = bf16_path ? nullptr : AsF32(f, DataPtr(a), ta, m * k, abuf);
     const float* b32 = bf16_path ? nullptr : AsF32(f, DataPtr(b), tb, k * n, bbuf);
     const float* bias32 = bias ? AsF32(f, DataPtr(bias), DTypeOf(bias->dtype), n, biasbuf) : nullptr;
-    if (td != DType::kF32) scratch.reserve(size_t(m * n));
     std::vector<double> bgrad(bias_grad ? size_t(m) : 0);
 
     const float sa = IsFp8(ta) ? ScalarOf(f->inputs[4]) : 1.0f;
@@ -523,6 +716,7 @@ tefl_status* GenericGemm(const tefl_call_frame* f, void*) {
     g.amax = d_amax ? &amax : nullptr;
     // alpha = 0 means "no product" to BLAS; keep it so when the scales are 0 too.
     if (at->alpha == 0.0f) g.alpha = 0.0f;
+    if (td != DType::kF32 && !DirectBf16(g)) Grow(scratch, size_t(m * n));  // before anything is written
     Run(f, g, scratch);
 
     const void* araw = DataPtr(a);
@@ -569,16 +763,18 @@ tefl_status* GroupedGemm(const tefl_call_frame* f, void*) {
     const int64_t k = a->shape[1];
     const int64_t n = at->transb ? b->shape[1] : b->shape[2];
 
-    std::vector<float> abuf, bbuf, biasbuf, scratch;
-    std::vector<uint32_t> packed;
+    Workspace& ws = ThreadWorkspace();
+    const WorkspaceTrim trim(ws);
+    std::vector<float>&abuf = ws.a, &bbuf = ws.b, &biasbuf = ws.bias, &scratch = ws.scratch;
+    std::vector<uint32_t>& packed = ws.packed;
     int64_t max_m = 0;
     for (int64_t grp = 0; grp < groups; ++grp) max_m = std::max(max_m, splits[grp]);
     const bool bf16_path = UseBf16Path(ta, tb, max_m, n, k, DataPtr(a), DataPtr(b), groups, rows);
-    if (bf16_path) packed.reserve(Bf16PackedWords(max_m, n, k));
+    if (bf16_path) Grow(packed, Bf16PackedWords(max_m, n, k));
     const float* a32 = bf16_path ? nullptr : AsF32(f, DataPtr(a), ta, rows * k, abuf);
     const float* b32 = bf16_path ? nullptr : AsF32(f, DataPtr(b), tb, groups * k * n, bbuf);
     const float* bias32 = bias ? AsF32(f, DataPtr(bias), DTypeOf(bias->dtype), groups * n, biasbuf) : nullptr;
-    if (td != DType::kF32) scratch.reserve(size_t(rows * n));  // the largest group fits
+    if (td != DType::kF32) Grow(scratch, size_t(max_m * n));  // the largest group fits
 
     const size_t ed = FloatElemSize(td);
     int64_t row = 0;
@@ -626,3 +822,4 @@ tefl_status* RegisterPortableGemm(const tefl_registrar& registrar) {
 }
 
 }  // namespace tefl::backends
+#endif  // HWY_ONCE
