@@ -1,15 +1,17 @@
 // Built-in cases of the GEMM ops (spec/ops.md "GEMM", docs/ops-gemm.md).
 //
-// te_general_grouped_gemm only: a Case passes every output of the op, and
-// generic_gemm cannot have all four present in one valid call
-// (pre_gelu_out needs gelu, bias_grad needs grad, and gelu with grad is
-// rejected). tests/conformance_gemm_test.cpp covers generic_gemm.
+// generic_gemm: per dtype, the three TE products in row-major form (fprop
+// with bias, with bias + GELU (pre_gelu_out too), wgrad with the bias
+// gradient), each over a few shapes; absent optional outputs are NULL.
+// tests/conformance_gemm_test.cpp has the full grid (FP8, transposes,
+// accumulate, alpha/beta, bad input).
 //
 // Tolerance: an implementation sums K products in fp32 in its own order, so
 // the error against the double reference is bounded by ~K * 2^-24 * sum |a b|
 // (|a|, |b| <= 2 here), not by TE's one-rounding rule; each output's
 // tolerance is the larger of the two.
 #include <algorithm>
+#include <array>
 
 #include "check/cases.h"
 #include "tefl/ops.h"
@@ -43,7 +45,52 @@ Tolerance GemmTolerance(DType t, int64_t k) {
 
 }  // namespace
 
+namespace {
+
+// generic_gemm cases. Shapes [M, K] x [K, N]: tiny, skinny, odd, mid-size.
+std::vector<Case> GenericGemmCases(const std::string& op, const GridOptions& o) {
+  std::vector<Case> out;
+  std::vector<std::array<int64_t, 3>> shapes = {{1, 1, 1}, {1, 40, 37}, {33, 1, 129}, {65, 96, 72}};
+  if (o.shape && o.shape->size() == 2) shapes = {{(*o.shape)[0], (*o.shape)[1], (*o.shape)[1]}};  // [M, K], N = K
+  for (const auto& [m, n, k] : shapes) {
+    for (DType t : DTypes(o)) {
+      for (int variant = 0; variant < 3; ++variant) {  // fprop + bias; + GELU; wgrad with bias_grad
+        Case c;
+        c.op = op;
+        c.dtype = DTypeName(t);
+        c.shape = ShapeString({m, k});
+        static const char* const kNotes[] = {"fprop (transb), bias", "fprop (transb), bias, gelu",
+                                             "wgrad (transa), grad"};
+        c.note = kNotes[variant];
+        const std::string seed = op + c.dtype + c.shape + c.note;
+        tefl_gemm_attrs a{TEFL_GEMM_ATTRS_STRUCT_SIZE, 0, 0, 1.0f, 0.0f, 0, 0, 0, 0};
+        if (variant < 2) a.transb = 1;  // D = x W^T: B is [N, K]
+        if (variant == 1) a.gelu = 1;
+        if (variant == 2) a.transa = 1, a.grad = 1;  // D = dy^T x: A is [K, M]
+        c.attrs = AttrBytes(a);
+        c.inputs = {Input(t, variant == 2 ? std::vector<int64_t>{k, m} : std::vector<int64_t>{m, k}, "A" + seed),
+                    Input(t, variant < 2 ? std::vector<int64_t>{n, k} : std::vector<int64_t>{k, n}, "B" + seed),
+                    std::nullopt,
+                    variant < 2 ? std::optional<Tensor>(Input(t, {n}, "bias" + seed)) : std::nullopt,
+                    std::nullopt,
+                    std::nullopt,
+                    std::nullopt};
+        c.outputs = {Output(t, {m, n}), Output(t, {m, n}), Output(t, {m}), Output(DType::kF32, {1})};
+        c.output_absent = {false, variant != 1, variant != 2, true};
+        c.tolerances = {GemmTolerance(t, k), GemmTolerance(t, k), GemmTolerance(t, k), ToleranceFor(DType::kF32)};
+        c.exact = {false, false, false, false};
+        out.push_back(std::move(c));
+        if (o.first_only) return out;
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<Case> GemmCases(const std::string& op, const GridOptions& o) {
+  if (op == "generic_gemm") return GenericGemmCases(op, o);
   std::vector<Case> out;
   if (op != "te_general_grouped_gemm") return out;
   for (const GroupedShape& sh : Shapes(o)) {
