@@ -16,13 +16,16 @@
 //    softmax with exp from hwy/contrib/math, dropout on P (not on l), O +=
 //    P V; at the end O /= l and lse = m + log(l). The softmax variants start
 //    each row at m = extra logit (0 off-by-one, alpha[h] learnable), l = 1.
-//  - Backward (flash-attention-2): D_i = d_o_i . o_i first; then two
-//    race-free passes: dK/dV over (sequence, kv head, key block), looping
-//    over the group's q heads and query blocks (dV += P'^T dO, dK += dS^T
-//    Qs); dQ over (sequence, head, query block), looping over key tiles
-//    (dQ += dS K). Each recomputes P = exp(S - lse) from the saved
-//    statistics and dS = P (dP' - D). No atomics; results do not depend on
-//    the thread count.
+//  - Backward (flash-attention-2): D_i = d_o_i . o_i first; then one pass
+//    over (sequence, kv head, key block) items, looping over the group's q
+//    heads and query blocks: P = exp(S - lse) recomputed from the saved
+//    statistics, dS = P (dP' - D), dV += P'^T dO, dK += dS^T Qs (in
+//    registers-blocked tiles, written once per key block), and dQ += dS K
+//    into a per-chunk fp32 partial (one chunk per pool thread, items
+//    interleaved across chunks). dq = scale * (sum of the partials in chunk
+//    order). No atomics; results depend on the thread count only through
+//    that fixed-order sum. Extra memory: threads x |q| fp32 for the partials
+//    plus per-thread tiles, O(s) (no [sq, sk] buffer).
 //
 // Host contract (validated before the call): CPU tensors, compact row-major,
 // q/k/v/o/d_o/dq/dk/dv of one float dtype, stats/alpha fp32, cu_seqlens
@@ -242,32 +245,21 @@ HWY_INLINE hn::Vec<DF> ExpNaN(DF df, hn::Vec<DF> x) {
 // Scratch of one thread's chunk of work, 64-byte aligned.
 struct Scratch {
   hwy::AlignedFreeUniquePtr<float[]> mem;
-  float *qs, *dos, *kt, *vt, *vrow, *krow, *s, *dp, *acc, *acc2, *tmp, *m, *l, *z, *lse, *drow;
+  float *qs, *dos, *kt, *vt, *vrow, *krow, *s, *dp, *acc, *acc2, *acc3, *tmp, *m, *l, *z, *lse, *drow;
   int64_t lo[kBq], hi[kBq];
   explicit Scratch(const AttnCtx& c) {
     const int64_t dmax = std::max(c.g.dqk, c.g.dv), pmax = std::max(c.dqkp, c.dvp);
-    const size_t sizes[] = {size_t(kBq * c.dqkp),
-                            size_t(kBq * c.dvp),
-                            size_t(dmax * kBk),
-                            size_t(dmax * kBk),
-                            size_t(kBk * c.dvp),
-                            size_t(kBk * c.dqkp),
-                            size_t(kBq * kBk),
-                            size_t(kBq * kBk),
-                            size_t(kBk * pmax),
-                            size_t(kBk * pmax),
-                            size_t(kBk * kBq + pmax),
-                            size_t(kBq),
-                            size_t(kBq),
-                            size_t(kBk),
-                            size_t(kBq),
+    const size_t sizes[] = {size_t(kBq * c.dqkp), size_t(kBq * c.dvp),  size_t(dmax * kBk), size_t(dmax * kBk),
+                            size_t(kBk * c.dvp),  size_t(kBk * c.dqkp), size_t(kBq * kBk),  size_t(kBq * kBk),
+                            size_t(kBk * pmax),   size_t(kBk * pmax),   size_t(kBq * pmax), size_t(kBk * kBq + pmax),
+                            size_t(kBq),          size_t(kBq),          size_t(kBk),        size_t(kBq),
                             size_t(kBq)};
     size_t total = 0;
     for (size_t s_ : sizes) total += (s_ + 15) / 16 * 16;
     mem = hwy::AllocateAligned<float>(total);
     if (!mem) throw std::bad_alloc();
     std::memset(mem.get(), 0, total * sizeof(float));
-    float** ptrs[] = {&qs, &dos, &kt, &vt, &vrow, &krow, &s, &dp, &acc, &acc2, &tmp, &m, &l, &z, &lse, &drow};
+    float** ptrs[] = {&qs, &dos, &kt, &vt, &vrow, &krow, &s, &dp, &acc, &acc2, &acc3, &tmp, &m, &l, &z, &lse, &drow};
     float* p = mem.get();
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); ++i) {
       *ptrs[i] = p;
@@ -497,7 +489,9 @@ HWY_INLINE void Transpose(const float* src, int64_t M, int64_t np, float* dst) {
 }
 
 // dK, dV of one key block of one (sequence, kv head).
-void BwdKvItem(const AttnCtx& c, const Item& it, Scratch& w) {
+// dK, dV of one key block of one (sequence, kv head), and this block's
+// contribution to dQ / scale added into `dq_partial` (fp32, q's layout).
+void BwdKvItem(const AttnCtx& c, const Item& it, Scratch& w, float* dq_partial) {
   const int64_t G = int64_t(Group());
   const AttnGeometry& g = c.g;
   const int64_t bi = it.b, hk = it.h, j0 = it.start;
@@ -512,6 +506,7 @@ void BwdKvItem(const AttnCtx& c, const Item& it, Scratch& w) {
   auto tok = [&](int64_t r) { return g.token_kv(bi, j0 + r); };
   PackTransposed(c, c.k, tok, hk, g.hkv, g.dqk, nk, np, w.tmp, w.kt);
   PackTransposed(c, c.v, tok, hk, g.hkv, g.dv, nk, np, w.tmp, w.vt);
+  PackRows(c, c.k, tok, hk, g.hkv, g.dqk, nk, np, 1.0f, w.krow, c.dqkp);
   float* dk_acc = w.acc;   // [np x dqkp]
   float* dv_acc = w.acc2;  // [np x dvp]
   std::memset(dk_acc, 0, size_t(np * c.dqkp) * sizeof(float));
@@ -529,6 +524,13 @@ void BwdKvItem(const AttnCtx& c, const Item& it, Scratch& w) {
       Gemm<false>(w.qs, size_t(c.dqkp), w.kt, kBk, w.s, kBk, size_t(M), size_t(np), size_t(g.dqk));
       Gemm<false>(w.dos, size_t(c.dvp), w.vt, kBk, w.dp, kBk, size_t(M), size_t(np), size_t(g.dv));
       BwdElementwise(c, w, bi, h, i0, n, M, j0, nk, np);
+      // dQ / scale += dS K for these rows.
+      Gemm<false>(w.dp, kBk, w.krow, size_t(c.dqkp), w.acc3, size_t(c.dqkp), size_t(M), size_t(c.dqkp), size_t(np));
+      for (int64_t r = 0; r < n; ++r) {
+        float* HWY_RESTRICT dst = dq_partial + AttnGeometry::At(g.token_q(bi, i0 + r), h, g.hq, g.dqk);
+        const float* HWY_RESTRICT src = w.acc3 + r * c.dqkp;
+        for (int64_t x = 0; x < g.dqk; ++x) dst[x] += src[x];
+      }
       Transpose(w.s, M, np, pt);  // P'^T
       Gemm<true>(pt, kBq, w.dos, size_t(c.dvp), dv_acc, size_t(c.dvp), size_t(np), size_t(c.dvp), size_t(M));
       Transpose(w.dp, M, np, pt);  // dS^T; Qs carries the scale
@@ -542,49 +544,11 @@ void BwdKvItem(const AttnCtx& c, const Item& it, Scratch& w) {
   }
 }
 
-void BwdKvRange(const AttnCtx* c, int64_t begin, int64_t end) {
+// Chunk `chunk` of `chunks`: items chunk, chunk + chunks, ... (interleaved,
+// so causal work balances), dQ contributions into this chunk's partial.
+void BwdKvChunk(const AttnCtx* c, int64_t chunk, int64_t chunks, int64_t items, float* dq_partial) {
   Scratch w(*c);
-  for (int64_t i = begin; i < end; ++i) BwdKvItem(*c, c->items[i], w);
-}
-
-// dQ of one query block of one (sequence, head).
-void BwdQItem(const AttnCtx& c, const Item& it, Scratch& w) {
-  const int64_t G = int64_t(Group());
-  const AttnGeometry& g = c.g;
-  const int64_t bi = it.b, h = it.h, i0 = it.start, hk = g.kv_head(h);
-  const int64_t i1 = std::min(i0 + kBq, g.rows_q(bi));
-  const int64_t n = std::clamp(g.len_q(bi) - i0, int64_t(0), i1 - i0);
-  for (int64_t i = i0 + n; i < i1; ++i) ZeroRow(c.t, c.dq, AttnGeometry::At(g.token_q(bi, i), h, g.hq, g.dqk), g.dqk);
-  if (n == 0) return;
-  const int64_t M = RoundUp(n, 4);
-  LoadRowState(c, w, bi, h, i0, n, 0, 0);
-  int64_t klo = std::numeric_limits<int64_t>::max(), khi = 0;
-  for (int64_t r = 0; r < n; ++r)
-    if (w.lo[r] < w.hi[r]) klo = std::min(klo, w.lo[r]), khi = std::max(khi, w.hi[r]);
-  auto qtok = [&](int64_t r) { return g.token_q(bi, i0 + r); };
-  PackRows(c, c.q, qtok, h, g.hq, g.dqk, n, M, float(g.scale), w.qs, c.dqkp);
-  PackRows(c, c.d_o, qtok, h, g.hq, g.dv, n, M, 1.0f, w.dos, c.dvp);
-  float* dq_acc = w.acc;  // [M x dqkp]
-  std::memset(dq_acc, 0, size_t(M * c.dqkp) * sizeof(float));
-  for (int64_t j0 = klo; j0 < khi; j0 += kBk) {
-    const int64_t nk = std::min(kBk, khi - j0), np = RoundUp(nk, G);
-    auto tok = [&](int64_t r) { return g.token_kv(bi, j0 + r); };
-    PackTransposed(c, c.k, tok, hk, g.hkv, g.dqk, nk, np, w.tmp, w.kt);
-    PackTransposed(c, c.v, tok, hk, g.hkv, g.dv, nk, np, w.tmp, w.vt);
-    PackRows(c, c.k, tok, hk, g.hkv, g.dqk, nk, np, 1.0f, w.krow, c.dqkp);
-    Gemm<false>(w.qs, size_t(c.dqkp), w.kt, kBk, w.s, kBk, size_t(M), size_t(np), size_t(g.dqk));
-    Gemm<false>(w.dos, size_t(c.dvp), w.vt, kBk, w.dp, kBk, size_t(M), size_t(np), size_t(g.dv));
-    BwdElementwise(c, w, bi, h, i0, n, M, j0, nk, np);
-    Gemm<true>(w.dp, kBk, w.krow, size_t(c.dqkp), dq_acc, size_t(c.dqkp), size_t(M), size_t(c.dqkp), size_t(np));
-  }
-  for (int64_t r = 0; r < n; ++r)
-    StoreRow(dq_acc + r * c.dqkp, float(g.scale), c.t, c.dq, AttnGeometry::At(g.token_q(bi, i0 + r), h, g.hq, g.dqk),
-             g.dqk);
-}
-
-void BwdQRange(const AttnCtx* c, int64_t begin, int64_t end) {
-  Scratch w(*c);
-  for (int64_t i = begin; i < end; ++i) BwdQItem(*c, c->items[i], w);
+  for (int64_t i = chunk; i < items; i += chunks) BwdKvItem(*c, c->items[i], w, dq_partial);
 }
 
 size_t ColumnGroup() { return Group(); }
@@ -599,8 +563,7 @@ namespace {
 
 HWY_EXPORT(FwdRange);
 HWY_EXPORT(DRowsRange);
-HWY_EXPORT(BwdKvRange);
-HWY_EXPORT(BwdQRange);
+HWY_EXPORT(BwdKvChunk);
 HWY_EXPORT(ColumnGroup);
 
 tefl_status* Status(const tefl_call_frame* f, int32_t code, const char* what) noexcept {
@@ -620,8 +583,6 @@ void Body(void* ctx, int64_t begin, int64_t end) {
 
 void FwdDispatch(const AttnCtx* c, int64_t b, int64_t e) { HWY_DYNAMIC_DISPATCH(FwdRange)(c, b, e); }
 void DRowsDispatch(const AttnCtx* c, int64_t b, int64_t e) { HWY_DYNAMIC_DISPATCH(DRowsRange)(c, b, e); }
-void BwdKvDispatch(const AttnCtx* c, int64_t b, int64_t e) { HWY_DYNAMIC_DISPATCH(BwdKvRange)(c, b, e); }
-void BwdQDispatch(const AttnCtx* c, int64_t b, int64_t e) { HWY_DYNAMIC_DISPATCH(BwdQRange)(c, b, e); }
 
 // Blocks of `block` rows of every (sequence, head): queries (kv = false) or keys.
 std::vector<Item> Items(const AttnGeometry& g, int64_t heads, bool kv, int64_t block) {
@@ -632,6 +593,49 @@ std::vector<Item> Items(const AttnGeometry& g, int64_t heads, bool kv, int64_t b
       for (int64_t s = 0; s < rows; s += block) items.push_back(Item{bi, h, s});
   }
   return items;
+}
+
+struct BwdCtx {
+  AttnCtx* c;
+  int64_t chunks, items, n_q;
+  float* partials;  // chunks x n_q
+};
+void BwdChunkBody(void* ctx, int64_t begin, int64_t end) {
+  auto* b = static_cast<BwdCtx*>(ctx);
+  for (int64_t chunk = begin; chunk < end; ++chunk) {
+    try {
+      float* partial = b->partials + chunk * b->n_q;
+      std::memset(partial, 0, size_t(b->n_q) * sizeof(float));
+      HWY_DYNAMIC_DISPATCH(BwdKvChunk)(b->c, chunk, b->chunks, b->items, partial);
+    } catch (...) {
+      b->c->failed.store(1);
+    }
+  }
+}
+
+// dq[e] = scale * sum over chunks of partial[e], in blocks of kReduceBlock.
+constexpr int64_t kReduceBlock = 16384;
+struct ReduceCtx {
+  AttnCtx* c;
+  int64_t chunks, n_q;
+  const float* partials;
+};
+void ReduceBody(void* ctx, int64_t begin, int64_t end) {
+  const auto* r = static_cast<const ReduceCtx*>(ctx);
+  float buf[256];
+  const float scale = float(r->c->g.scale);
+  for (int64_t blk = begin; blk < end; ++blk) {
+    const int64_t e1 = std::min(r->n_q, (blk + 1) * kReduceBlock);
+    for (int64_t e0 = blk * kReduceBlock; e0 < e1; e0 += 256) {
+      const int64_t n = std::min<int64_t>(256, e1 - e0);
+      for (int64_t i = 0; i < n; ++i) buf[i] = 0.0f;
+      for (int64_t ch = 0; ch < r->chunks; ++ch) {
+        const float* p = r->partials + ch * r->n_q + e0;
+        for (int64_t i = 0; i < n; ++i) buf[i] += p[i];
+      }
+      StoreRow(buf, scale, r->c->t, r->c->dq, e0, n);
+    }
+  }
 }
 
 void InitCtx(AttnCtx& c, const AttnGeometry& g, DType t) {
@@ -698,14 +702,20 @@ tefl_status* AttnBwd(const tefl_call_frame* f, void*) {
       c.items = q_items.data();
       f->host->parallel_for(int64_t(q_items.size()), 1, Body<DRowsDispatch>, &c);
     }
-    if (!kv_items.empty()) {
+    // dK, dV and per-chunk dQ partials (fp32, q's layout), then dq = scale *
+    // the partials summed in chunk order.
+    const int64_t n_q = NumElements(in[0]);
+    const int64_t chunks =
+        kv_items.empty() ? 0 : std::clamp<int64_t>(f->host->num_threads(), 1, int64_t(kv_items.size()));
+    auto partials = hwy::AllocateAligned<float>(size_t(std::max<int64_t>(chunks, 1) * std::max<int64_t>(n_q, 1)));
+    if (!partials) return Status(f, TEFL_INTERNAL, "out of memory for the dq partials");
+    BwdCtx bc{&c, chunks, int64_t(kv_items.size()), n_q, partials.get()};
+    if (chunks > 0) {
       c.items = kv_items.data();
-      f->host->parallel_for(int64_t(kv_items.size()), 1, Body<BwdKvDispatch>, &c);
+      f->host->parallel_for(chunks, 1, BwdChunkBody, &bc);
     }
-    if (!q_items.empty()) {
-      c.items = q_items.data();
-      f->host->parallel_for(int64_t(q_items.size()), 1, Body<BwdQDispatch>, &c);
-    }
+    ReduceCtx rc{&c, chunks, n_q, partials.get()};
+    if (n_q > 0) f->host->parallel_for((n_q + kReduceBlock - 1) / kReduceBlock, 1, ReduceBody, &rc);
     if (c.failed.load()) return Status(f, TEFL_INTERNAL, "out of memory for the attention scratch");
 
     // d_alpha[h] = -sum_i exp(alpha[h] - lse_i) D_i, in double, in row order
