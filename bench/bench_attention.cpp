@@ -13,10 +13,14 @@
 // sizes; reference.cpp would take minutes. Filter with
 // --benchmark_filter, e.g. 'BM_Sgemm|BM_AttnFwd/fp32/s2048'.
 #include <cblas.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -120,8 +124,47 @@ void BM_Attn(benchmark::State& state, bool backward, tefl::DType dt, int64_t s, 
 
 }  // namespace
 
+// --attn_rss=S: instead of benchmarking, one fp32 forward at b = 1, h = 16, d =
+// 64, sq = sk = S (bshd, default.portable) and the process's peak RSS (MiB)
+// before and after it: the op's extra memory is the difference.
+int RssMode(int64_t s) {
+  const int64_t n = s * kHeads * 64;
+  int64_t shape[4] = {1, s, kHeads, 64}, sshape[3] = {1, kHeads, s};
+  Buffer q(size_t(n) * 4), k(size_t(n) * 4), v(size_t(n) * 4), o(size_t(n) * 4), stats(size_t(kHeads * s) * 4);
+  Fill(q, tefl::DType::kF32, n, 1);
+  Fill(k, tefl::DType::kF32, n, 2);
+  Fill(v, tefl::DType::kF32, n, 3);
+  DLTensor tq = View(q, tefl::DType::kF32, shape, 4), tk = View(k, tefl::DType::kF32, shape, 4),
+           tv = View(v, tefl::DType::kF32, shape, 4), to = View(o, tefl::DType::kF32, shape, 4),
+           ts = View(stats, tefl::DType::kF32, sshape, 3);
+  tefl_attention_attrs a{};
+  a.struct_size = TEFL_ATTENTION_ATTRS_STRUCT_SIZE;
+  a.qkv_format = TEFL_QKV_BSHD;
+  a.window_left = a.window_right = -1;
+  auto pinned = tefl::bench::PinnedPolicy("fused_attn_fwd", "default.portable");
+  tefl::PolicyContext ctx(*pinned);
+  tefl::AttentionInputs in{&tq, &tk, &tv, nullptr, nullptr, nullptr};
+  tefl::FlashAttentionOutputs fo;
+  fo.o = &to;
+  fo.stats = &ts;
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  const double before = double(ru.ru_maxrss) / 1024.0;
+  const auto t0 = std::chrono::steady_clock::now();
+  const tefl::Status st = tefl::FlashAttention(in, a, &fo);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  getrusage(RUSAGE_SELF, &ru);
+  std::printf(
+      "{\"seq\": %lld, \"impl\": \"default.portable\", \"ok\": %s, \"seconds\": %.3f, "
+      "\"rss_before_mib\": %.1f, \"rss_peak_mib\": %.1f}\n",
+      static_cast<long long>(s), st.ok() ? "true" : "false", secs, before, double(ru.ru_maxrss) / 1024.0);
+  return st.ok() ? 0 : 1;
+}
+
 int main(int argc, char** argv) {
   tefl::GetDefaultManager().EnsureInitialized();
+  for (int i = 1; i < argc; ++i)
+    if (std::strncmp(argv[i], "--attn_rss=", 11) == 0) return RssMode(std::atoll(argv[i] + 11));
   {  // The GEMM rate: median of 5 runs of 2048^3 after a warm-up.
     const int n = 2048;
     std::vector<float> a(size_t(n) * n, 0.5f), b(size_t(n) * n, 0.25f), c(size_t(n) * n);
