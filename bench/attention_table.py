@@ -25,7 +25,11 @@ def main():
                          b.get("gemm_GFLOPS"))
     torch = {}
     for path in sorted(glob.glob(os.path.join(out, "torch_s*.json"))):
-        for row in json.load(open(path)):
+        try:
+            rows = json.load(open(path))
+        except ValueError:  # still being written
+            continue
+        for row in rows:
             torch[(row["case"], "fwd")] = row["fwd_ms"]
             torch[(row["case"], "bwd")] = row["bwd_ms"]
     print("| case | pass | tefl ms | GFLOP/s | sgemm GFLOP/s | % of sgemm | torch ms | torch / tefl |")
