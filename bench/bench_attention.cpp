@@ -7,16 +7,22 @@
 // Each op runs through OpManager pinned to one implementation (strict
 // impl:ID policy) on preallocated outputs. FLOP convention (the issue's):
 // forward 4 b h sq sk d (halved for causal), backward 2.5x forward.
-// Counters: GFLOPS; pct_of_gemm = GFLOPS as a percentage of the sgemm rate
-// measured at start-up (median of 5 runs of 2048^3).
+// Counters: GFLOPS; gemm_GFLOPS = the OpenBLAS sgemm rate around this
+// benchmark (median of 1024^3 runs, 3 just before and 3 just after: the
+// machine is shared and its load drifts); pct_of_gemm = GFLOPS as a
+// percentage of it.
 // Only default.portable (and other non-reference CPU impls) run at these
 // sizes; reference.cpp would take minutes. Filter with
 // --benchmark_filter, e.g. 'BM_Sgemm|BM_AttnFwd/fp32/s2048'.
 #include <cblas.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -28,8 +34,6 @@ namespace {
 using tefl::bench::Buffer;
 using tefl::bench::View;
 constexpr int64_t kBatch = 2, kHeads = 16;
-
-double g_gemm_flops_per_s = 0;  // measured in main
 
 double SgemmSeconds(int n, std::vector<float>& a, std::vector<float>& b, std::vector<float>& c) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -106,32 +110,69 @@ void BM_Attn(benchmark::State& state, bool backward, tefl::DType dt, int64_t s, 
     state.SkipWithError(st.ToString().c_str());
     return;
   }
+  // The GEMM rate around this benchmark (the machine is shared: its load
+  // changes during a run): median of 1024^3 sgemms, 3 before and 3 after.
+  std::vector<float> ga(1024 * 1024, 0.5f), gb(1024 * 1024, 0.25f), gc(1024 * 1024);
+  std::vector<double> gemm_s;
+  for (int r = 0; r < 3; ++r) gemm_s.push_back(SgemmSeconds(1024, ga, gb, gc));
   for (auto _ : state) {
     benchmark::DoNotOptimize(run());
     benchmark::ClobberMemory();
   }
+  for (int r = 0; r < 3; ++r) gemm_s.push_back(SgemmSeconds(1024, ga, gb, gc));
+  std::sort(gemm_s.begin(), gemm_s.end());
+  const double gemm_rate = 2.0 * 1024.0 * 1024.0 * 1024.0 / (0.5 * (gemm_s[2] + gemm_s[3]));
   double flops = 4.0 * double(kBatch * kHeads) * double(s) * double(s) * double(d) * (causal ? 0.5 : 1.0);
   if (backward) flops *= 2.5;
   const double total = flops * double(state.iterations());
   state.counters["GFLOPS"] = benchmark::Counter(total * 1e-9, benchmark::Counter::kIsRate);
-  if (g_gemm_flops_per_s > 0)
-    state.counters["pct_of_gemm"] = benchmark::Counter(total / g_gemm_flops_per_s * 100.0, benchmark::Counter::kIsRate);
+  state.counters["pct_of_gemm"] = benchmark::Counter(total / gemm_rate * 100.0, benchmark::Counter::kIsRate);
+  state.counters["gemm_GFLOPS"] = gemm_rate * 1e-9;
 }
 
 }  // namespace
 
+// --attn_rss=S: instead of benchmarking, one fp32 forward at b = 1, h = 16, d =
+// 64, sq = sk = S (bshd, default.portable) and the process's peak RSS (MiB)
+// before and after it: the op's extra memory is the difference.
+int RssMode(int64_t s) {
+  const int64_t n = s * kHeads * 64;
+  int64_t shape[4] = {1, s, kHeads, 64}, sshape[3] = {1, kHeads, s};
+  Buffer q(size_t(n) * 4), k(size_t(n) * 4), v(size_t(n) * 4), o(size_t(n) * 4), stats(size_t(kHeads * s) * 4);
+  Fill(q, tefl::DType::kF32, n, 1);
+  Fill(k, tefl::DType::kF32, n, 2);
+  Fill(v, tefl::DType::kF32, n, 3);
+  DLTensor tq = View(q, tefl::DType::kF32, shape, 4), tk = View(k, tefl::DType::kF32, shape, 4),
+           tv = View(v, tefl::DType::kF32, shape, 4), to = View(o, tefl::DType::kF32, shape, 4),
+           ts = View(stats, tefl::DType::kF32, sshape, 3);
+  tefl_attention_attrs a{};
+  a.struct_size = TEFL_ATTENTION_ATTRS_STRUCT_SIZE;
+  a.qkv_format = TEFL_QKV_BSHD;
+  a.window_left = a.window_right = -1;
+  auto pinned = tefl::bench::PinnedPolicy("fused_attn_fwd", "default.portable");
+  tefl::PolicyContext ctx(*pinned);
+  tefl::AttentionInputs in{&tq, &tk, &tv, nullptr, nullptr, nullptr};
+  tefl::FlashAttentionOutputs fo;
+  fo.o = &to;
+  fo.stats = &ts;
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  const double before = double(ru.ru_maxrss) / 1024.0;
+  const auto t0 = std::chrono::steady_clock::now();
+  const tefl::Status st = tefl::FlashAttention(in, a, &fo);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  getrusage(RUSAGE_SELF, &ru);
+  std::printf(
+      "{\"seq\": %lld, \"impl\": \"default.portable\", \"ok\": %s, \"seconds\": %.3f, "
+      "\"rss_before_mib\": %.1f, \"rss_peak_mib\": %.1f}\n",
+      static_cast<long long>(s), st.ok() ? "true" : "false", secs, before, double(ru.ru_maxrss) / 1024.0);
+  return st.ok() ? 0 : 1;
+}
+
 int main(int argc, char** argv) {
   tefl::GetDefaultManager().EnsureInitialized();
-  {  // The GEMM rate: median of 5 runs of 2048^3 after a warm-up.
-    const int n = 2048;
-    std::vector<float> a(size_t(n) * n, 0.5f), b(size_t(n) * n, 0.25f), c(size_t(n) * n);
-    SgemmSeconds(n, a, b, c);
-    std::vector<double> t;
-    for (int r = 0; r < 5; ++r) t.push_back(SgemmSeconds(n, a, b, c));
-    std::sort(t.begin(), t.end());
-    g_gemm_flops_per_s = 2.0 * n * double(n) * n / t[2];
-    std::printf("sgemm 2048^3 (OpenBLAS, median of 5): %.1f GFLOP/s\n", g_gemm_flops_per_s * 1e-9);
-  }
+  for (int i = 1; i < argc; ++i)
+    if (std::strncmp(argv[i], "--attn_rss=", 11) == 0) return RssMode(std::atoll(argv[i] + 11));
   benchmark::RegisterBenchmark("BM_Sgemm", BM_Sgemm)->Arg(1024)->Arg(2048)->UseRealTime()->MinTime(0.5);
   for (bool backward : {false, true}) {
     for (auto [dt, dname] : {std::pair{tefl::DType::kF32, "fp32"}, std::pair{tefl::DType::kBF16, "bf16"}}) {

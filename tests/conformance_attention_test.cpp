@@ -783,3 +783,38 @@ TEST(AttentionApi, FlashAttentionAllocatesOrUsesCallerOutputs) {
   EXPECT_EQ(given.o_storage.shape().size(), 0u);
   EXPECT_EQ(Cmp("o", c.o, ref.o, AttnTol(s.dtype)), "");
 }
+
+// A plugin-style implementation (here registered in-process into a private
+// registry) ranked first by the policy serves both entry points, and
+// GetAttentionBackend reports it: the NVTE_PLUGIN override contract.
+TEST(AttentionApi, AHigherRankedImplementationOverridesBoth) {
+  tefl::OpRegistry registry;
+  tefl::OpManager manager(&registry);
+  manager.EnsureInitialized();
+  int calls = 0;
+  tefl::OpImpl impl = tefl::OpImpl::FromFunction("fused_attn_fwd", "vendor.acme_attn", tefl::BackendImplKind::VENDOR,
+                                                 "acme", 0, [&calls](const tefl_call_frame& frame) {
+                                                   ++calls;
+                                                   DLTensor* o = frame.outputs[0];
+                                                   std::memset(tefl::DataPtr(o), 0, size_t(tefl::NumElements(o)) * 4);
+                                                   return tefl::Status::OK();
+                                                 });
+  ASSERT_TRUE(registry.RegisterImpl(impl).ok());
+  tefl::PolicyContext scoped(tefl::GetPolicy().WithPrefer("vendor"));
+  tefl::AttentionParams p;
+  p.seqlen_q = p.seqlen_kv = 16;
+  p.num_heads_q = p.num_heads_kv = 2;
+  p.head_dim_qk = p.head_dim_v = 8;
+  const tefl::AttentionBackend b = tefl::GetAttentionBackend(p, manager);
+  ASSERT_TRUE(b.available) << b.ToString();
+  EXPECT_EQ(b.impl_id, "vendor.acme_attn");
+  EXPECT_FALSE(b.fallbacks.empty());  // the built-ins stay behind it
+  Spec s;
+  Problem q = Make(s);
+  const tefl_attention_attrs a = s.Attrs();
+  tefl::AttentionInputs in{q.q.ptr(), q.k.ptr(), q.v.ptr(), nullptr, nullptr, nullptr};
+  tefl::FlashAttentionOutputs out;
+  ASSERT_TRUE(tefl::FlashAttention(in, a, &out, manager).ok());
+  EXPECT_EQ(out.impl_id, "vendor.acme_attn");
+  EXPECT_EQ(calls, 1);
+}

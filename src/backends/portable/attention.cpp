@@ -16,13 +16,16 @@
 //    softmax with exp from hwy/contrib/math, dropout on P (not on l), O +=
 //    P V; at the end O /= l and lse = m + log(l). The softmax variants start
 //    each row at m = extra logit (0 off-by-one, alpha[h] learnable), l = 1.
-//  - Backward (flash-attention-2): D_i = d_o_i . o_i first; then two
-//    race-free passes: dK/dV over (sequence, kv head, key block), looping
-//    over the group's q heads and query blocks (dV += P'^T dO, dK += dS^T
-//    Qs); dQ over (sequence, head, query block), looping over key tiles
-//    (dQ += dS K). Each recomputes P = exp(S - lse) from the saved
-//    statistics and dS = P (dP' - D). No atomics; results do not depend on
-//    the thread count.
+//  - Backward (flash-attention-2): D_i = d_o_i . o_i first; then one pass
+//    over (sequence, kv head, key block) items, looping over the group's q
+//    heads and query blocks: P = exp(S - lse) recomputed from the saved
+//    statistics, dS = P (dP' - D), dV += P'^T dO, dK += dS^T Qs (in
+//    registers-blocked tiles, written once per key block), and dQ += dS K
+//    into a per-chunk fp32 partial (one chunk per pool thread, items
+//    interleaved across chunks). dq = scale * (sum of the partials in chunk
+//    order). No atomics; results depend on the thread count only through
+//    that fixed-order sum. Extra memory: threads x |q| fp32 for the partials
+//    plus per-thread tiles, O(s) (no [sq, sk] buffer).
 //
 // Host contract (validated before the call): CPU tensors, compact row-major,
 // q/k/v/o/d_o/dq/dk/dv of one float dtype, stats/alpha fp32, cu_seqlens
@@ -75,6 +78,20 @@ struct AttnCtx {
   float keep_scale;    // 1 / (1 - p)
   int64_t dqkp, dvp;   // head dims padded to the micro-kernel's column group
   const Item* items;
+  // Forward: k and v packed once per call, per (sequence, kv head, key
+  // tile): k^T [dqk x kBk] then v [kBk x dvp], fp32, keys past the sequence 0.
+  float* kv_pack;
+  const int64_t* first_tile;  // [b + 1] prefix sums of key tiles per sequence
+  int64_t tile_floats;
+  // Backward: q (times scale) and d_o packed once per call, one row of dqkp /
+  // dvp floats per query row at its stats index.
+  float* qs_all;
+  float* do_all;
+
+  const float* Tile(int64_t bi, int64_t hk, int64_t j0) const {
+    const int64_t nt = first_tile[bi + 1] - first_tile[bi];
+    return kv_pack + ((first_tile[bi] * g.hkv + hk * nt) + j0 / kBk) * tile_floats;
+  }
   std::atomic<int> failed{0};
 };
 
@@ -152,16 +169,18 @@ HWY_INLINE int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 // C[M x N] (+)= A[M x K] B[K x N]; M % 4 == 0, N % Group() == 0. Each step
 // keeps a 4 x 4-vector block of C in registers over the whole K loop.
-template <bool kAccumulate>
+// kTransA: A is stored transposed, element (i, k) at A[k * lda + i].
+template <bool kAccumulate, bool kTransA = false>
 HWY_NOINLINE void Gemm(const float* HWY_RESTRICT A, size_t lda, const float* HWY_RESTRICT B, size_t ldb,
                        float* HWY_RESTRICT C, size_t ldc, size_t M, size_t N, size_t K) {
   const DF df;
   const size_t L = hn::Lanes(df);
+  const size_t row_step = kTransA ? 1 : lda, k_step = kTransA ? lda : 1;
   for (size_t i = 0; i < M; i += 4) {
-    const float* HWY_RESTRICT a0 = A + i * lda;
-    const float* HWY_RESTRICT a1 = a0 + lda;
-    const float* HWY_RESTRICT a2 = a1 + lda;
-    const float* HWY_RESTRICT a3 = a2 + lda;
+    const float* HWY_RESTRICT a0 = A + i * row_step;
+    const float* HWY_RESTRICT a1 = a0 + row_step;
+    const float* HWY_RESTRICT a2 = a1 + row_step;
+    const float* HWY_RESTRICT a3 = a2 + row_step;
     for (size_t j = 0; j < N; j += 4 * L) {
       float* HWY_RESTRICT c0 = C + i * ldc + j;
       float* HWY_RESTRICT c1 = c0 + ldc;
@@ -185,16 +204,16 @@ HWY_NOINLINE void Gemm(const float* HWY_RESTRICT A, size_t lda, const float* HWY
       for (size_t k = 0; k < K; ++k, b += ldb) {
         const auto b0 = hn::LoadU(df, b), b1 = hn::LoadU(df, b + L), b2 = hn::LoadU(df, b + 2 * L),
                    b3 = hn::LoadU(df, b + 3 * L);
-        auto a = hn::Set(df, a0[k]);
+        auto a = hn::Set(df, a0[k * k_step]);
         c00 = hn::MulAdd(a, b0, c00), c01 = hn::MulAdd(a, b1, c01), c02 = hn::MulAdd(a, b2, c02);
         c03 = hn::MulAdd(a, b3, c03);
-        a = hn::Set(df, a1[k]);
+        a = hn::Set(df, a1[k * k_step]);
         c10 = hn::MulAdd(a, b0, c10), c11 = hn::MulAdd(a, b1, c11), c12 = hn::MulAdd(a, b2, c12);
         c13 = hn::MulAdd(a, b3, c13);
-        a = hn::Set(df, a2[k]);
+        a = hn::Set(df, a2[k * k_step]);
         c20 = hn::MulAdd(a, b0, c20), c21 = hn::MulAdd(a, b1, c21), c22 = hn::MulAdd(a, b2, c22);
         c23 = hn::MulAdd(a, b3, c23);
-        a = hn::Set(df, a3[k]);
+        a = hn::Set(df, a3[k * k_step]);
         c30 = hn::MulAdd(a, b0, c30), c31 = hn::MulAdd(a, b1, c31), c32 = hn::MulAdd(a, b2, c32);
         c33 = hn::MulAdd(a, b3, c33);
       }
@@ -242,32 +261,21 @@ HWY_INLINE hn::Vec<DF> ExpNaN(DF df, hn::Vec<DF> x) {
 // Scratch of one thread's chunk of work, 64-byte aligned.
 struct Scratch {
   hwy::AlignedFreeUniquePtr<float[]> mem;
-  float *qs, *dos, *kt, *vt, *vrow, *krow, *s, *dp, *acc, *acc2, *tmp, *m, *l, *z, *lse, *drow;
+  float *qs, *dos, *kt, *vt, *vrow, *krow, *s, *dp, *acc, *acc2, *acc3, *tmp, *m, *l, *z, *lse, *drow;
   int64_t lo[kBq], hi[kBq];
   explicit Scratch(const AttnCtx& c) {
     const int64_t dmax = std::max(c.g.dqk, c.g.dv), pmax = std::max(c.dqkp, c.dvp);
-    const size_t sizes[] = {size_t(kBq * c.dqkp),
-                            size_t(kBq * c.dvp),
-                            size_t(dmax * kBk),
-                            size_t(dmax * kBk),
-                            size_t(kBk * c.dvp),
-                            size_t(kBk * c.dqkp),
-                            size_t(kBq * kBk),
-                            size_t(kBq * kBk),
-                            size_t(kBk * pmax),
-                            size_t(kBk * pmax),
-                            size_t(kBk * kBq + pmax),
-                            size_t(kBq),
-                            size_t(kBq),
-                            size_t(kBk),
-                            size_t(kBq),
+    const size_t sizes[] = {size_t(kBq * c.dqkp), size_t(kBq * c.dvp),  size_t(dmax * kBk), size_t(dmax * kBk),
+                            size_t(kBk * c.dvp),  size_t(kBk * c.dqkp), size_t(kBq * kBk),  size_t(kBq * kBk),
+                            size_t(kBk * pmax),   size_t(kBk * pmax),   size_t(kBq * pmax), size_t(kBk * kBq + pmax),
+                            size_t(kBq),          size_t(kBq),          size_t(kBk),        size_t(kBq),
                             size_t(kBq)};
     size_t total = 0;
     for (size_t s_ : sizes) total += (s_ + 15) / 16 * 16;
     mem = hwy::AllocateAligned<float>(total);
     if (!mem) throw std::bad_alloc();
     std::memset(mem.get(), 0, total * sizeof(float));
-    float** ptrs[] = {&qs, &dos, &kt, &vt, &vrow, &krow, &s, &dp, &acc, &acc2, &tmp, &m, &l, &z, &lse, &drow};
+    float** ptrs[] = {&qs, &dos, &kt, &vt, &vrow, &krow, &s, &dp, &acc, &acc2, &acc3, &tmp, &m, &l, &z, &lse, &drow};
     float* p = mem.get();
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); ++i) {
       *ptrs[i] = p;
@@ -346,12 +354,11 @@ void FwdItem(const AttnCtx& c, const Item& it, Scratch& w) {
   }
   std::memset(w.acc, 0, size_t(M * c.dvp) * sizeof(float));
 
-  for (int64_t j0 = klo; j0 < khi; j0 += kBk) {
+  for (int64_t j0 = klo / kBk * kBk; j0 < khi; j0 += kBk) {
     const int64_t nk = std::min(kBk, khi - j0), np = RoundUp(nk, G);
-    auto tok = [&](int64_t r) { return g.token_kv(bi, j0 + r); };
-    PackTransposed(c, c.k, tok, hk, g.hkv, g.dqk, nk, np, w.tmp, w.kt);
-    PackRows(c, c.v, tok, hk, g.hkv, g.dv, nk, np, 1.0f, w.vrow, c.dvp);
-    Gemm<false>(w.qs, size_t(c.dqkp), w.kt, kBk, w.s, kBk, size_t(M), size_t(np), size_t(g.dqk));
+    const float* kt = c.Tile(bi, hk, j0);
+    const float* vrow = kt + g.dqk * kBk;
+    Gemm<false>(w.qs, size_t(c.dqkp), kt, kBk, w.s, kBk, size_t(M), size_t(np), size_t(g.dqk));
     for (int64_t r = 0; r < M; ++r) {
       float* HWY_RESTRICT row = w.s + r * kBk;
       const int64_t a = r < n ? w.lo[r] - j0 : 0, e = r < n ? w.hi[r] - j0 : 0;
@@ -394,7 +401,7 @@ void FwdItem(const AttnCtx& c, const Item& it, Scratch& w) {
         for (int64_t x = 0; x < c.dvp; x += L) hn::StoreU(hn::Mul(hn::LoadU(df, o + x), vc), df, o + x);
       }
     }
-    Gemm<true>(w.s, kBk, w.vrow, size_t(c.dvp), w.acc, size_t(c.dvp), size_t(M), size_t(c.dvp), size_t(np));
+    Gemm<true>(w.s, kBk, vrow, size_t(c.dvp), w.acc, size_t(c.dvp), size_t(M), size_t(c.dvp), size_t(np));
   }
   for (int64_t r = 0; r < n; ++r) {
     const int64_t i = i0 + r;
@@ -410,24 +417,51 @@ void FwdItem(const AttnCtx& c, const Item& it, Scratch& w) {
   }
 }
 
+// Packs the key tile (sequence, kv head, first key) of item `it` into kv_pack.
+void PackKvItem(const AttnCtx& c, const Item& it, Scratch& w) {
+  const AttnGeometry& g = c.g;
+  const int64_t bi = it.b, hk = it.h, j0 = it.start;
+  float* kt = const_cast<float*>(c.Tile(bi, hk, j0));
+  float* vrow = kt + g.dqk * kBk;
+  const int64_t n = std::clamp(g.len_kv(bi) - j0, int64_t(0), kBk);
+  std::memset(kt, 0, size_t(c.tile_floats) * sizeof(float));
+  auto tok = [&](int64_t r) { return g.token_kv(bi, j0 + r); };
+  PackTransposed(c, c.k, tok, hk, g.hkv, g.dqk, n, kBk, w.tmp, kt);
+  PackRows(c, c.v, tok, hk, g.hkv, g.dv, n, kBk, 1.0f, vrow, c.dvp);
+}
+
+void PackKvRange(const AttnCtx* c, int64_t begin, int64_t end) {
+  Scratch w(*c);
+  for (int64_t i = begin; i < end; ++i) PackKvItem(*c, c->items[i], w);
+}
+
 void FwdRange(const AttnCtx* c, int64_t begin, int64_t end) {
   Scratch w(*c);
   for (int64_t i = begin; i < end; ++i) FwdItem(*c, c->items[i], w);
 }
 
 // ---- Backward -----------------------------------------------------------------------------
-// D_i = d_o_i . o_i for the rows of one query block.
+// D_i = d_o_i . o_i for the rows of one query block; packs their q (times
+// scale) and d_o rows into qs_all / do_all.
 void DRowsItem(const AttnCtx& c, const Item& it, Scratch& w) {
   const AttnGeometry& g = c.g;
   const int64_t bi = it.b, h = it.h, i0 = it.start;
   const int64_t n = std::clamp(g.len_q(bi) - i0, int64_t(0), kBq);
+  const float scale = float(g.scale);
   for (int64_t r = 0; r < n; ++r) {
-    const int64_t off = AttnGeometry::At(g.token_q(bi, i0 + r), h, g.hq, g.dv);
+    const int64_t tok = g.token_q(bi, i0 + r), si = g.stat_index(bi, h, i0 + r);
+    float* HWY_RESTRICT qs = c.qs_all + si * c.dqkp;
+    float* HWY_RESTRICT dos = c.do_all + si * c.dvp;
+    LoadRow(c.q, c.t, AttnGeometry::At(tok, h, g.hq, g.dqk), g.dqk, qs);
+    for (int64_t x = 0; x < g.dqk; ++x) qs[x] *= scale;
+    for (int64_t x = g.dqk; x < c.dqkp; ++x) qs[x] = 0.0f;
+    const int64_t off = AttnGeometry::At(tok, h, g.hq, g.dv);
     LoadRow(c.o, c.t, off, g.dv, w.tmp);
-    LoadRow(c.d_o, c.t, off, g.dv, w.tmp + kBk * kBq);
+    LoadRow(c.d_o, c.t, off, g.dv, dos);
+    for (int64_t x = g.dv; x < c.dvp; ++x) dos[x] = 0.0f;
     double d = 0.0;
-    for (int64_t x = 0; x < g.dv; ++x) d += double(w.tmp[x]) * double(w.tmp[kBk * kBq + x]);
-    c.drow[g.stat_index(bi, h, i0 + r)] = float(d);
+    for (int64_t x = 0; x < g.dv; ++x) d += double(w.tmp[x]) * double(dos[x]);
+    c.drow[si] = float(d);
   }
 }
 
@@ -490,14 +524,10 @@ HWY_INLINE bool LoadRowState(const AttnCtx& c, Scratch& w, int64_t bi, int64_t h
   return any;
 }
 
-// Transposes rows [0, M) x cols [0, np) of src (ld kBk) into dst (ld kBq).
-HWY_INLINE void Transpose(const float* src, int64_t M, int64_t np, float* dst) {
-  for (int64_t r = 0; r < M; ++r)
-    for (int64_t j = 0; j < np; ++j) dst[j * kBq + r] = src[r * kBk + j];
-}
-
 // dK, dV of one key block of one (sequence, kv head).
-void BwdKvItem(const AttnCtx& c, const Item& it, Scratch& w) {
+// dK, dV of one key block of one (sequence, kv head), and this block's
+// contribution to dQ / scale added into `dq_partial` (fp32, q's layout).
+void BwdKvItem(const AttnCtx& c, const Item& it, Scratch& w, float* dq_partial) {
   const int64_t G = int64_t(Group());
   const AttnGeometry& g = c.g;
   const int64_t bi = it.b, hk = it.h, j0 = it.start;
@@ -512,27 +542,44 @@ void BwdKvItem(const AttnCtx& c, const Item& it, Scratch& w) {
   auto tok = [&](int64_t r) { return g.token_kv(bi, j0 + r); };
   PackTransposed(c, c.k, tok, hk, g.hkv, g.dqk, nk, np, w.tmp, w.kt);
   PackTransposed(c, c.v, tok, hk, g.hkv, g.dv, nk, np, w.tmp, w.vt);
+  PackRows(c, c.k, tok, hk, g.hkv, g.dqk, nk, np, 1.0f, w.krow, c.dqkp);
   float* dk_acc = w.acc;   // [np x dqkp]
   float* dv_acc = w.acc2;  // [np x dvp]
   std::memset(dk_acc, 0, size_t(np * c.dqkp) * sizeof(float));
   std::memset(dv_acc, 0, size_t(np * c.dvp) * sizeof(float));
-  float* pt = w.tmp;  // [np x kBq] transposed P' (then dS)
   const int64_t group = g.hq / g.hkv, lq = g.len_q(bi);
-  const float scale = float(g.scale);
   for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
     for (int64_t i0 = 0; i0 < lq; i0 += kBq) {
       const int64_t n = std::min(kBq, lq - i0), M = RoundUp(n, 4);
       if (!LoadRowState(c, w, bi, h, i0, n, j0, j0 + nk)) continue;
-      auto qtok = [&](int64_t r) { return g.token_q(bi, i0 + r); };
-      PackRows(c, c.q, qtok, h, g.hq, g.dqk, n, M, scale, w.qs, c.dqkp);
-      PackRows(c, c.d_o, qtok, h, g.hq, g.dv, n, M, 1.0f, w.dos, c.dvp);
-      Gemm<false>(w.qs, size_t(c.dqkp), w.kt, kBk, w.s, kBk, size_t(M), size_t(np), size_t(g.dqk));
-      Gemm<false>(w.dos, size_t(c.dvp), w.vt, kBk, w.dp, kBk, size_t(M), size_t(np), size_t(g.dv));
+      // The packed q / d_o rows of this block; a block whose row count is
+      // not a multiple of 4 is copied and zero-padded (the micro-kernel's
+      // 4 rows must not read another head's rows).
+      const int64_t si = g.stat_index(bi, h, i0);
+      const float* qs = c.qs_all + si * c.dqkp;
+      const float* dos = c.do_all + si * c.dvp;
+      float* dq_rows = dq_partial + si * c.dqkp;
+      if (n != M) {
+        std::memcpy(w.qs, qs, size_t(n * c.dqkp) * sizeof(float));
+        std::memset(w.qs + n * c.dqkp, 0, size_t((M - n) * c.dqkp) * sizeof(float));
+        std::memcpy(w.dos, dos, size_t(n * c.dvp) * sizeof(float));
+        std::memset(w.dos + n * c.dvp, 0, size_t((M - n) * c.dvp) * sizeof(float));
+        qs = w.qs;
+        dos = w.dos;
+      }
+      Gemm<false>(qs, size_t(c.dqkp), w.kt, kBk, w.s, kBk, size_t(M), size_t(np), size_t(g.dqk));
+      Gemm<false>(dos, size_t(c.dvp), w.vt, kBk, w.dp, kBk, size_t(M), size_t(np), size_t(g.dv));
       BwdElementwise(c, w, bi, h, i0, n, M, j0, nk, np);
-      Transpose(w.s, M, np, pt);  // P'^T
-      Gemm<true>(pt, kBq, w.dos, size_t(c.dvp), dv_acc, size_t(c.dvp), size_t(np), size_t(c.dvp), size_t(M));
-      Transpose(w.dp, M, np, pt);  // dS^T; Qs carries the scale
-      Gemm<true>(pt, kBq, w.qs, size_t(c.dqkp), dk_acc, size_t(c.dqkp), size_t(np), size_t(c.dqkp), size_t(M));
+      // dQ / scale += dS K for these rows (into the chunk's partial).
+      if (n == M) {
+        Gemm<true>(w.dp, kBk, w.krow, size_t(c.dqkp), dq_rows, size_t(c.dqkp), size_t(M), size_t(c.dqkp), size_t(np));
+      } else {
+        Gemm<false>(w.dp, kBk, w.krow, size_t(c.dqkp), w.acc3, size_t(c.dqkp), size_t(M), size_t(c.dqkp), size_t(np));
+        for (int64_t x = 0; x < n * c.dqkp; ++x) dq_rows[x] += w.acc3[x];
+      }
+      // dV += P'^T dO and dK += dS^T Qs (Qs carries the scale).
+      Gemm<true, true>(w.s, kBk, dos, size_t(c.dvp), dv_acc, size_t(c.dvp), size_t(np), size_t(c.dvp), size_t(M));
+      Gemm<true, true>(w.dp, kBk, qs, size_t(c.dqkp), dk_acc, size_t(c.dqkp), size_t(np), size_t(c.dqkp), size_t(M));
     }
   }
   for (int64_t r = 0; r < nk; ++r) {
@@ -542,49 +589,11 @@ void BwdKvItem(const AttnCtx& c, const Item& it, Scratch& w) {
   }
 }
 
-void BwdKvRange(const AttnCtx* c, int64_t begin, int64_t end) {
+// Chunk `chunk` of `chunks`: items chunk, chunk + chunks, ... (interleaved,
+// so causal work balances), dQ contributions into this chunk's partial.
+void BwdKvChunk(const AttnCtx* c, int64_t chunk, int64_t chunks, int64_t items, float* dq_partial) {
   Scratch w(*c);
-  for (int64_t i = begin; i < end; ++i) BwdKvItem(*c, c->items[i], w);
-}
-
-// dQ of one query block of one (sequence, head).
-void BwdQItem(const AttnCtx& c, const Item& it, Scratch& w) {
-  const int64_t G = int64_t(Group());
-  const AttnGeometry& g = c.g;
-  const int64_t bi = it.b, h = it.h, i0 = it.start, hk = g.kv_head(h);
-  const int64_t i1 = std::min(i0 + kBq, g.rows_q(bi));
-  const int64_t n = std::clamp(g.len_q(bi) - i0, int64_t(0), i1 - i0);
-  for (int64_t i = i0 + n; i < i1; ++i) ZeroRow(c.t, c.dq, AttnGeometry::At(g.token_q(bi, i), h, g.hq, g.dqk), g.dqk);
-  if (n == 0) return;
-  const int64_t M = RoundUp(n, 4);
-  LoadRowState(c, w, bi, h, i0, n, 0, 0);
-  int64_t klo = std::numeric_limits<int64_t>::max(), khi = 0;
-  for (int64_t r = 0; r < n; ++r)
-    if (w.lo[r] < w.hi[r]) klo = std::min(klo, w.lo[r]), khi = std::max(khi, w.hi[r]);
-  auto qtok = [&](int64_t r) { return g.token_q(bi, i0 + r); };
-  PackRows(c, c.q, qtok, h, g.hq, g.dqk, n, M, float(g.scale), w.qs, c.dqkp);
-  PackRows(c, c.d_o, qtok, h, g.hq, g.dv, n, M, 1.0f, w.dos, c.dvp);
-  float* dq_acc = w.acc;  // [M x dqkp]
-  std::memset(dq_acc, 0, size_t(M * c.dqkp) * sizeof(float));
-  for (int64_t j0 = klo; j0 < khi; j0 += kBk) {
-    const int64_t nk = std::min(kBk, khi - j0), np = RoundUp(nk, G);
-    auto tok = [&](int64_t r) { return g.token_kv(bi, j0 + r); };
-    PackTransposed(c, c.k, tok, hk, g.hkv, g.dqk, nk, np, w.tmp, w.kt);
-    PackTransposed(c, c.v, tok, hk, g.hkv, g.dv, nk, np, w.tmp, w.vt);
-    PackRows(c, c.k, tok, hk, g.hkv, g.dqk, nk, np, 1.0f, w.krow, c.dqkp);
-    Gemm<false>(w.qs, size_t(c.dqkp), w.kt, kBk, w.s, kBk, size_t(M), size_t(np), size_t(g.dqk));
-    Gemm<false>(w.dos, size_t(c.dvp), w.vt, kBk, w.dp, kBk, size_t(M), size_t(np), size_t(g.dv));
-    BwdElementwise(c, w, bi, h, i0, n, M, j0, nk, np);
-    Gemm<true>(w.dp, kBk, w.krow, size_t(c.dqkp), dq_acc, size_t(c.dqkp), size_t(M), size_t(c.dqkp), size_t(np));
-  }
-  for (int64_t r = 0; r < n; ++r)
-    StoreRow(dq_acc + r * c.dqkp, float(g.scale), c.t, c.dq, AttnGeometry::At(g.token_q(bi, i0 + r), h, g.hq, g.dqk),
-             g.dqk);
-}
-
-void BwdQRange(const AttnCtx* c, int64_t begin, int64_t end) {
-  Scratch w(*c);
-  for (int64_t i = begin; i < end; ++i) BwdQItem(*c, c->items[i], w);
+  for (int64_t i = chunk; i < items; i += chunks) BwdKvItem(*c, c->items[i], w, dq_partial);
 }
 
 size_t ColumnGroup() { return Group(); }
@@ -598,16 +607,16 @@ namespace tefl::backends {
 namespace {
 
 HWY_EXPORT(FwdRange);
+HWY_EXPORT(PackKvRange);
 HWY_EXPORT(DRowsRange);
-HWY_EXPORT(BwdKvRange);
-HWY_EXPORT(BwdQRange);
+HWY_EXPORT(BwdKvChunk);
 HWY_EXPORT(ColumnGroup);
 
 tefl_status* Status(const tefl_call_frame* f, int32_t code, const char* what) noexcept {
   return KernelStatus(f, "default.portable", "attention", code, what);
 }
 
-// Runs fn over the items; an exception in a worker marks the call failed.
+// Runs kFn over the items; an exception in a worker marks the call failed.
 template <void (*kFn)(const AttnCtx*, int64_t, int64_t)>
 void Body(void* ctx, int64_t begin, int64_t end) {
   auto* c = static_cast<AttnCtx*>(ctx);
@@ -619,9 +628,8 @@ void Body(void* ctx, int64_t begin, int64_t end) {
 }
 
 void FwdDispatch(const AttnCtx* c, int64_t b, int64_t e) { HWY_DYNAMIC_DISPATCH(FwdRange)(c, b, e); }
+void PackKvDispatch(const AttnCtx* c, int64_t b, int64_t e) { HWY_DYNAMIC_DISPATCH(PackKvRange)(c, b, e); }
 void DRowsDispatch(const AttnCtx* c, int64_t b, int64_t e) { HWY_DYNAMIC_DISPATCH(DRowsRange)(c, b, e); }
-void BwdKvDispatch(const AttnCtx* c, int64_t b, int64_t e) { HWY_DYNAMIC_DISPATCH(BwdKvRange)(c, b, e); }
-void BwdQDispatch(const AttnCtx* c, int64_t b, int64_t e) { HWY_DYNAMIC_DISPATCH(BwdQRange)(c, b, e); }
 
 // Blocks of `block` rows of every (sequence, head): queries (kv = false) or keys.
 std::vector<Item> Items(const AttnGeometry& g, int64_t heads, bool kv, int64_t block) {
@@ -644,6 +652,57 @@ void InitCtx(AttnCtx& c, const AttnGeometry& g, DType t) {
   c.keep_scale = g.dropout ? float(1.0 / (1.0 - double(g.p))) : 1.0f;
 }
 
+struct BwdCtx {
+  AttnCtx* c;
+  int64_t chunks, items, partial_floats;
+  float* partials;  // chunks x partial_floats
+};
+void BwdChunkBody(void* ctx, int64_t begin, int64_t end) {
+  auto* b = static_cast<BwdCtx*>(ctx);
+  for (int64_t chunk = begin; chunk < end; ++chunk) {
+    try {
+      float* partial = b->partials + chunk * b->partial_floats;
+      std::memset(partial, 0, size_t(b->partial_floats) * sizeof(float));
+      HWY_DYNAMIC_DISPATCH(BwdKvChunk)(b->c, chunk, b->chunks, b->items, partial);
+    } catch (...) {
+      b->c->failed.store(1);
+    }
+  }
+}
+
+// dq rows of the query items: scale * the chunk partials summed in chunk
+// order (padded rows: 0).
+struct ReduceCtx {
+  AttnCtx* c;
+  int64_t chunks, partial_floats;
+  const float* partials;
+  const Item* items;
+};
+void ReduceBody(void* ctx, int64_t begin, int64_t end) {
+  const auto* r = static_cast<const ReduceCtx*>(ctx);
+  const AttnCtx& c = *r->c;
+  const AttnGeometry& g = c.g;
+  std::vector<float> buf(size_t(c.dqkp));
+  for (int64_t it = begin; it < end; ++it) {
+    const Item& item = r->items[it];
+    const int64_t i1 = std::min(item.start + kBq, g.rows_q(item.b));
+    for (int64_t i = item.start; i < i1; ++i) {
+      const int64_t off = AttnGeometry::At(g.token_q(item.b, i), item.h, g.hq, g.dqk);
+      if (i >= g.len_q(item.b)) {
+        ZeroRow(c.t, c.dq, off, g.dqk);
+        continue;
+      }
+      const int64_t row = g.stat_index(item.b, item.h, i) * c.dqkp;
+      std::fill(buf.begin(), buf.end(), 0.0f);
+      for (int64_t ch = 0; ch < r->chunks; ++ch) {
+        const float* p = r->partials + ch * r->partial_floats + row;
+        for (int64_t x = 0; x < g.dqk; ++x) buf[size_t(x)] += p[x];
+      }
+      StoreRow(buf.data(), float(g.scale), c.t, c.dq, off, g.dqk);
+    }
+  }
+}
+
 tefl_status* AttnFwd(const tefl_call_frame* f, void*) {
   try {
     const auto& attrs = *static_cast<const tefl_attention_attrs*>(f->attrs);
@@ -658,9 +717,24 @@ tefl_status* AttnFwd(const tefl_call_frame* f, void*) {
     c.alpha = in[5] ? static_cast<const float*>(DataPtr(in[5])) : nullptr;
     c.out = DataPtr(f->outputs[0]);
     c.stats = static_cast<float*>(DataPtr(f->outputs[1]));
+    // k and v packed to fp32 tiles once (O(sk) memory, shared by every query block).
+    std::vector<int64_t> first_tile(size_t(c.g.b) + 1, 0);
+    for (int64_t bi = 0; bi < c.g.b; ++bi)
+      first_tile[size_t(bi) + 1] = first_tile[size_t(bi)] + (c.g.rows_kv(bi) + kBk - 1) / kBk;
+    c.first_tile = first_tile.data();
+    c.tile_floats = (c.g.dqk * kBk + kBk * c.dvp + 15) / 16 * 16;
+    const int64_t tiles = first_tile.back() * c.g.hkv;
+    auto kv_pack = hwy::AllocateAligned<float>(size_t(std::max<int64_t>(tiles, 1) * c.tile_floats));
+    if (!kv_pack) return Status(f, TEFL_INTERNAL, "out of memory for the packed k/v tiles");
+    c.kv_pack = kv_pack.get();
+    const std::vector<Item> kv_items = Items(c.g, c.g.hkv, true, kBk);
+    if (!kv_items.empty()) {
+      c.items = kv_items.data();
+      f->host->parallel_for(int64_t(kv_items.size()), 1, Body<PackKvDispatch>, &c);
+    }
     const std::vector<Item> items = Items(c.g, c.g.hq, false, kBq);
     c.items = items.data();
-    if (!items.empty()) f->host->parallel_for(int64_t(items.size()), 1, Body<FwdDispatch>, &c);
+    if (!items.empty() && !c.failed.load()) f->host->parallel_for(int64_t(items.size()), 1, Body<FwdDispatch>, &c);
     if (c.failed.load()) return Status(f, TEFL_INTERNAL, "out of memory for the attention scratch");
     return nullptr;
   } catch (const std::exception& e) {
@@ -689,8 +763,15 @@ tefl_status* AttnBwd(const tefl_call_frame* f, void*) {
     c.dq = DataPtr(out[0]);
     c.dk = DataPtr(out[1]);
     c.dv = DataPtr(out[2]);
-    std::vector<float> drow(size_t(NumElements(in[5])), 0.0f);
+    // Per query row (stats index): D, and q (times scale) and d_o packed to fp32.
+    const int64_t rows = NumElements(in[5]);
+    std::vector<float> drow(size_t(rows), 0.0f);
     c.drow = drow.data();
+    auto qs_all = hwy::AllocateAligned<float>(size_t(std::max<int64_t>(rows, 1) * c.dqkp));
+    auto do_all = hwy::AllocateAligned<float>(size_t(std::max<int64_t>(rows, 1) * c.dvp));
+    if (!qs_all || !do_all) return Status(f, TEFL_INTERNAL, "out of memory for the packed q/d_o rows");
+    c.qs_all = qs_all.get();
+    c.do_all = do_all.get();
 
     const std::vector<Item> q_items = Items(c.g, c.g.hq, false, kBq);
     const std::vector<Item> kv_items = Items(c.g, c.g.hkv, true, kBk);
@@ -698,14 +779,20 @@ tefl_status* AttnBwd(const tefl_call_frame* f, void*) {
       c.items = q_items.data();
       f->host->parallel_for(int64_t(q_items.size()), 1, Body<DRowsDispatch>, &c);
     }
-    if (!kv_items.empty()) {
+    // dK, dV and per-chunk dQ / scale partials (fp32, one row of dqkp per
+    // stats index), then dq = scale * the partials summed in chunk order.
+    const int64_t chunks =
+        kv_items.empty() ? 0 : std::clamp<int64_t>(f->host->num_threads(), 1, int64_t(kv_items.size()));
+    const int64_t partial_floats = rows * c.dqkp;
+    auto partials = hwy::AllocateAligned<float>(size_t(std::max<int64_t>(chunks * partial_floats, 1)));
+    if (!partials) return Status(f, TEFL_INTERNAL, "out of memory for the dq partials");
+    BwdCtx bc{&c, chunks, int64_t(kv_items.size()), partial_floats, partials.get()};
+    if (chunks > 0 && !c.failed.load()) {
       c.items = kv_items.data();
-      f->host->parallel_for(int64_t(kv_items.size()), 1, Body<BwdKvDispatch>, &c);
+      f->host->parallel_for(chunks, 1, BwdChunkBody, &bc);
     }
-    if (!q_items.empty()) {
-      c.items = q_items.data();
-      f->host->parallel_for(int64_t(q_items.size()), 1, Body<BwdQDispatch>, &c);
-    }
+    ReduceCtx rc{&c, chunks, partial_floats, partials.get(), q_items.data()};
+    if (!q_items.empty()) f->host->parallel_for(int64_t(q_items.size()), 1, ReduceBody, &rc);
     if (c.failed.load()) return Status(f, TEFL_INTERNAL, "out of memory for the attention scratch");
 
     // d_alpha[h] = -sum_i exp(alpha[h] - lse_i) D_i, in double, in row order

@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""Paired timing of tefl's fused_attn_fwd/bwd (through the C ABI, ctypes,
+default policy: default.portable) and torch 2.13 CPU SDPA in ONE process,
+alternating calls, so both see the same machine load (the machine is shared
+and its load drifts). b = 2, h = 16; tefl gets bshd [b, s, h, d], torch
+contiguous [b, h, s, d]; torch.set_num_threads(2), tefl's pool 2 threads.
+
+Per case and pass: --rounds alternating timed calls of each after a warm-up;
+prints medians (ms) and torch / tefl (> 1: tefl faster). torch's backward is
+the median of (forward + backward) minus the median of the grad-enabled
+forward, both timed in the same alternation.
+
+Usage: python3 bench/attention_paired.py [--lib build/release/libtefl.so]
+       [--rounds 5] [--cases fp32/s2048/d64/full,...] [--json]
+"""
+import argparse
+import ctypes
+import json
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+B, H = 2, 16
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32), ("dtype", DLDataType),
+                ("shape", ctypes.POINTER(ctypes.c_int64)), ("strides", ctypes.POINTER(ctypes.c_int64)),
+                ("byte_offset", ctypes.c_uint64)]
+
+
+class Attrs(ctypes.Structure):  # tefl_attention_attrs
+    _fields_ = [("struct_size", ctypes.c_size_t), ("qkv_format", ctypes.c_int32), ("mask_type", ctypes.c_int32),
+                ("window_left", ctypes.c_int32), ("window_right", ctypes.c_int32), ("softmax_type", ctypes.c_int32),
+                ("scale", ctypes.c_float), ("dropout", ctypes.c_float), ("is_training", ctypes.c_int32),
+                ("seed", ctypes.c_uint64), ("offset", ctypes.c_uint64)]
+
+
+def dl(t, keep):
+    assert t.is_contiguous()
+    shape = (ctypes.c_int64 * t.dim())(*t.shape)
+    keep.append(shape)
+    code, bits = {torch.float32: (2, 32), torch.bfloat16: (4, 16)}[t.dtype]
+    d = DLTensor(ctypes.c_void_p(t.data_ptr()), DLDevice(1, 0), t.dim(), DLDataType(code, bits, 1), shape, None, 0)
+    keep.append(d)
+    return ctypes.pointer(d)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", default="build/release/libtefl.so")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--cases", default="fp32/s2048/d64/full,fp32/s2048/d64/causal,fp32/s2048/d128/full,"
+                    "fp32/s2048/d128/causal,bf16/s2048/d64/full,bf16/s2048/d64/causal,bf16/s2048/d128/full,"
+                    "bf16/s2048/d128/causal")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    lib = ctypes.CDLL(args.lib)
+    lib.tefl_call.restype = ctypes.c_void_p
+    lib.tefl_status_message.restype = ctypes.c_char_p
+    lib.tefl_status_message.argtypes = [ctypes.c_void_p]
+    fwd_id, bwd_id = lib.tefl_op_id(b"fused_attn_fwd"), lib.tefl_op_id(b"fused_attn_bwd")
+    rows = []
+    for case in args.cases.split(","):
+        dname, s, d, mask = case.split("/")
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dname]
+        s, d, causal = int(s[1:]), int(d[1:]), mask == "causal"
+        g = torch.Generator().manual_seed(0)
+        q, k, v, do = (torch.rand(B, s, H, d, generator=g).mul_(2).sub_(1).to(dtype) for _ in range(4))
+        o = torch.empty_like(q)
+        stats = torch.empty(B, H, s, dtype=torch.float32)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        keep = []
+        attrs = Attrs(ctypes.sizeof(Attrs), 1, 2 if causal else 0, -1, -1, 0, 0.0, 0.0, 0, 0, 0)
+        P = ctypes.POINTER(DLTensor)
+        fin = (P * 6)(dl(q, keep), dl(k, keep), dl(v, keep), None, None, None)
+        fout = (P * 2)(dl(o, keep), dl(stats, keep))
+        bin_ = (P * 9)(dl(q, keep), dl(k, keep), dl(v, keep), dl(o, keep), dl(do, keep), dl(stats, keep), None, None,
+                       None)
+        bout = (P * 4)(dl(dq, keep), dl(dk, keep), dl(dv, keep), None)
+
+        def call(op, ins, n_in, outs, n_out):
+            st = lib.tefl_call(op, ins, n_in, outs, n_out, ctypes.byref(attrs), None)
+            if st:
+                raise RuntimeError(lib.tefl_status_message(st).decode())
+
+        tq, tk, tv, tdo = (t.transpose(1, 2).contiguous() for t in (q, k, v, do))
+        qg, kg, vg = (t.clone().requires_grad_(True) for t in (tq, tk, tv))
+
+        def timed(fn):
+            t0 = time.perf_counter()
+            fn()
+            return (time.perf_counter() - t0) * 1e3
+
+        fns = {
+            "tefl_fwd": lambda: call(fwd_id, fin, 6, fout, 2),
+            "tefl_bwd": lambda: call(bwd_id, bin_, 9, bout, 4),
+            "torch_fwd": lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal),
+            "torch_fwd_grad": lambda: F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal),
+            "torch_fwd_bwd": lambda: torch.autograd.grad(
+                F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal), (qg, kg, vg), tdo),
+        }
+        with torch.no_grad():
+            fns["tefl_fwd"]()
+            fns["torch_fwd"]()
+        fns["tefl_bwd"]()
+        fns["torch_fwd_bwd"]()
+        times = {k_: [] for k_ in fns}
+        for _ in range(args.rounds):
+            for name, fn in fns.items():
+                if name in ("torch_fwd",):
+                    with torch.no_grad():
+                        times[name].append(timed(fn))
+                else:
+                    times[name].append(timed(fn))
+        med = {k_: statistics.median(v_) for k_, v_ in times.items()}
+        torch_bwd = med["torch_fwd_bwd"] - med["torch_fwd_grad"]
+        row = {"case": case, "tefl_fwd_ms": med["tefl_fwd"], "torch_fwd_ms": med["torch_fwd"],
+               "fwd_ratio": med["torch_fwd"] / med["tefl_fwd"], "tefl_bwd_ms": med["tefl_bwd"],
+               "torch_bwd_ms": torch_bwd, "bwd_ratio": torch_bwd / med["tefl_bwd"]}
+        rows.append(row)
+        if not args.json:
+            print(f"{case:24s} fwd tefl {row['tefl_fwd_ms']:8.1f} torch {row['torch_fwd_ms']:8.1f} "
+                  f"x{row['fwd_ratio']:.2f} | bwd tefl {row['tefl_bwd_ms']:8.1f} torch {torch_bwd:8.1f} "
+                  f"x{row['bwd_ratio']:.2f}", flush=True)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
