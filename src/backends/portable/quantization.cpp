@@ -57,9 +57,12 @@ struct QJob {
 
 // Elements per work item.
 constexpr int64_t kBlock = 32768;
-// fp8_transpose: source rows per work item, columns per tile (a 64 x 256
-// tile: 16 KiB read, 16 KiB written, both in L1).
-constexpr int64_t kTileRows = 64, kTileCols = 256;
+// fp8_transpose: source rows per work item, columns per tile. A 256 x 256
+// tile (64 KiB each way, in L2) touches 512 pages: with power-of-two row
+// strides every row is its own page (and L1 set), so big tiles keep TLB
+// misses per byte low; inside a tile the 16x16 blocks go down a column
+// block first, filling each destination line before moving on.
+constexpr int64_t kTileRows = 256, kTileCols = 256;
 
 inline void AtomicMaxBits(std::atomic<uint32_t>* a, uint32_t v) {
   uint32_t cur = a->load(std::memory_order_relaxed);
@@ -147,12 +150,13 @@ void TransposeRows(const uint8_t* q, uint8_t* t, int64_t m, int64_t n, int64_t b
       const int64_t j1 = std::min(n, j0 + kTileCols);
       int64_t i = i0;
 #if HWY_TARGET != HWY_SCALAR
-      for (; i + 16 <= i1; i += 16) {
-        int64_t c = j0;
-        for (; c + 16 <= j1; c += 16) Transpose16x16(q + i * n + c, n, t + c * m + i, m);
-        for (; c < j1; ++c)
-          for (int64_t k = i; k < i + 16; ++k) t[c * m + k] = q[k * n + c];
-      }
+      const int64_t i16 = i0 + (i1 - i0) / 16 * 16;
+      int64_t c = j0;
+      for (; c + 16 <= j1; c += 16)
+        for (int64_t b = i0; b < i16; b += 16) Transpose16x16(q + b * n + c, n, t + c * m + b, m);
+      for (; c < j1; ++c)
+        for (int64_t k = i0; k < i16; ++k) t[c * m + k] = q[k * n + c];
+      i = i16;
 #endif
       for (; i < i1; ++i)
         for (int64_t c = j0; c < j1; ++c) t[c * m + i] = q[i * n + c];
