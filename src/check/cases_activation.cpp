@@ -34,6 +34,8 @@ std::vector<DType> DTypes(const GridOptions& o) {
 }  // namespace
 
 std::vector<Case> ActivationCases(const std::string& op, const GridOptions& o) {
+  // The fused FP8-output variants (family activation): cases_quantization.cpp.
+  if (op.size() > 4 && op.compare(op.size() - 4, 4, "_fp8") == 0) return QuantizationCases(op, o);
   std::vector<Case> out;
   const Kind kind = KindOf(op);
   const bool clamped = op.rfind("clamped_", 0) == 0;

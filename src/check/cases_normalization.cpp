@@ -34,6 +34,8 @@ Tolerance BackwardTol(DType t) {
 }  // namespace
 
 std::vector<Case> NormalizationCases(const std::string& op, const GridOptions& o) {
+  // The fused FP8-output variants (family normalization): cases_quantization.cpp.
+  if (op.size() > 4 && op.compare(op.size() - 4, 4, "_fp8") == 0) return QuantizationCases(op, o);
   std::vector<Case> out;
   const bool ln = op.rfind("layernorm", 0) == 0;
   const bool fwd = op == "layernorm_fwd" || op == "rmsnorm_fwd";

@@ -686,27 +686,60 @@ HWY_INLINE void ItemsOfKind(const Job& j, int64_t begin, int64_t end) {
 }
 
 // ---- Gated FP8 outputs ----------------------------------------------------------
-// Rows [r0, r1): kTile-element tiles of a and b as fp32, the gated product
-// into an fp32 tile by SpanGatedFwd (the same maths as the non-FP8 op), then
-// quantized by fp8_io-inl.h; one atomic amax update per chunk.
-template <Fp8Format kF, class Fn>
-HWY_NOINLINE void GatedFp8Rows(const Fn& fn, const Job& j, int64_t r0, int64_t r1) {
-  HWY_ALIGN float ba[kTile], bb[kTile], by[kTile];
+// Rows [r0, r1): a and b loaded as fp32 straight from the input (any float
+// dtype), the gated product with the same functors as the non-FP8 op, |y|
+// into a max of |bits|, y * scale encoded by fp8_io-inl.h; the row tail
+// (< Lanes) goes through LoadPartial and the scalar encoder. One atomic amax
+// update per chunk.
+template <Fp8Format kF, class Fn, class T>
+HWY_NOINLINE void GatedFp8RowsT(const Fn& fn, const Job& j, int64_t r0, int64_t r1) {
+  const D d;
+  const hn::RebindToUnsigned<D> du;
+  const size_t nl = hn::Lanes(d);
   const size_t h = size_t(j.h);
-  uint8_t* q = static_cast<uint8_t*>(j.y);
+  const V vs = hn::Set(d, j.scale);
+  auto m0 = hn::Zero(du), m1 = hn::Zero(du);
   uint32_t m = 0;
   for (int64_t r = r0; r < r1; ++r) {
-    const size_t xa = size_t(r) * 2 * h, xb = xa + h;
-    for (size_t c = 0; c < h; c += kTile) {
-      const size_t mm = std::min(kTile, h - c);
-      ToF32(j.x, j.tx, xa + c, ba, mm);
-      ToF32(j.x, j.tx, xb + c, bb, mm);
-      SpanGatedFwd(fn, ba, bb, by, mm, false);
-      m = QuantizeSpan<kF, float>(by, q + size_t(r) * h + c, mm, j.scale, m);
+    const T* HWY_RESTRICT a = static_cast<const T*>(j.x) + size_t(r) * 2 * h;
+    const T* HWY_RESTRICT b = a + h;
+    uint8_t* HWY_RESTRICT q = static_cast<uint8_t*>(j.y) + size_t(r) * h;
+    size_t i = 0;
+    for (; i + 2 * nl <= h; i += 2 * nl) {
+      const V y0 = hn::Mul(fn.Act(LoadF(d, a + i)), fn.Gate(LoadF(d, b + i)));
+      const V y1 = hn::Mul(fn.Act(LoadF(d, a + i + nl)), fn.Gate(LoadF(d, b + i + nl)));
+      m0 = hn::Max(m0, AbsBits(d, y0));
+      m1 = hn::Max(m1, AbsBits(d, y1));
+      StoreFp8<kF>(d, hn::Mul(y0, vs), q + i);
+      StoreFp8<kF>(d, hn::Mul(y1, vs), q + i + nl);
+    }
+    for (; i < h; i += nl) {
+      const size_t mm = std::min(nl, h - i);
+      HWY_ALIGN float buf[hn::MaxLanes(D())];
+      hn::Store(hn::Mul(fn.Act(LoadPartial(d, a + i, mm)), fn.Gate(LoadPartial(d, b + i, mm))), d, buf);
+      for (size_t k = 0; k < mm; ++k) {
+        const uint32_t ab = ScalarAbsBits(buf[k]);
+        m = ab > m ? ab : m;
+        q[i + k] = FloatToFp8(buf[k] * j.scale, kF);
+      }
     }
   }
+  const uint32_t vm = ReduceAmaxBits(du, hn::Max(m0, m1));
+  m = vm > m ? vm : m;
   uint32_t cur = j.amax_bits->load(std::memory_order_relaxed);
   while (m > cur && !j.amax_bits->compare_exchange_weak(cur, m, std::memory_order_relaxed)) {
+  }
+}
+
+template <Fp8Format kF, class Fn>
+HWY_INLINE void GatedFp8Rows(const Fn& fn, const Job& j, int64_t r0, int64_t r1) {
+  switch (j.tx) {
+    case DType::kF32:
+      return GatedFp8RowsT<kF, Fn, float>(fn, j, r0, r1);
+    case DType::kBF16:
+      return GatedFp8RowsT<kF, Fn, bfloat16_t>(fn, j, r0, r1);
+    default:
+      return GatedFp8RowsT<kF, Fn, float16_t>(fn, j, r0, r1);
   }
 }
 

@@ -6,8 +6,8 @@
 // Encode (fp32 lanes -> codes), per lane, all in 32-bit integer lanes:
 //   normal:    (|bits| + (2^(s-1) - 1) + lsb) >> s, rebiased (s = 23 - mbits;
 //              ties to even, a carry bumps the exponent), as the scalar code;
-//   subnormal: NearestInt(|x| * 2^(mbits + bias - 1)) (exact scale; cvtps2dq
-//              rounds to nearest even like rint in the default mode);
+//   subnormal: |x| * 2^(mbits + bias - 1) + 2^23 (exact scale, one rounding
+//              to an integer, nearest even like the scalar rint), minus 2^23;
 //   then min(code, max_code) saturates finite overflow and inf, NaN -> 0x7F,
 //   and the sign is ORed back (-0 -> 0x80, like the scalar code).
 // Decode (codes -> fp32): normal codes by shifting the exponent/mantissa into
@@ -64,7 +64,11 @@ HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> EncodeFp8(DF df, hn::Vec<DF> v) {
   const auto lsb = hn::And(hn::ShiftRight<C::kShift>(abs), hn::Set(du, 1u));
   const auto rounded = hn::ShiftRight<C::kShift>(hn::Add(abs, hn::Add(hn::Set(du, (1u << (C::kShift - 1)) - 1u), lsb)));
   const auto normal = hn::Sub(rounded, hn::Set(du, uint32_t(127 - C::kBias) << C::kMbits));
-  const auto sub = hn::BitCast(du, hn::NearestInt(hn::Mul(x, hn::Set(df, C::kSubScale))));
+  // Below the normal range |x| * 2^(mbits + bias - 1) < 2^mbits is exact and adding 2^23 rounds it to an
+  // integer (ties to even) in the low mantissa bits: cheaper than NearestInt's overflow fix-up. Lanes of
+  // the normal range get garbage here and take `normal`.
+  const auto magic = hn::Set(df, 8388608.0f);  // 2^23
+  const auto sub = hn::Sub(hn::BitCast(du, hn::MulAdd(x, hn::Set(df, C::kSubScale), magic)), hn::BitCast(du, magic));
   auto code = hn::IfThenElse(hn::RebindMask(du, hn::Lt(x, hn::Set(df, C::kMinNormal))), sub, normal);
   code = hn::Min(code, hn::Set(du, C::kMaxCode));
   // NaN: |bits| > inf's bits (as signed: both are below 2^31).

@@ -10,8 +10,9 @@
 // (max of |bits|, NaN sorting above inf) is folded into one atomic word with
 // a compare-and-swap max, so the result does not depend on the thread count.
 // The recipes work on n scale entries (one per tensor): scalar loops.
-// fp8_transpose moves 64x64-byte tiles (both tiles stay in L1), rows of
-// tiles spread over the pool.
+// fp8_transpose moves 64x256-byte tiles as 16x16 blocks transposed in
+// registers (four rounds of byte interleaves), rows of tiles spread over the
+// pool.
 //
 // Host contract (validated before the call): CPU tensors, compact row-major,
 // dtypes as in the catalogue, outputs do not overlap inputs (except the
@@ -56,6 +57,12 @@ struct QJob {
 
 // Elements per work item.
 constexpr int64_t kBlock = 32768;
+// fp8_transpose: source rows per work item, columns per tile. A 256 x 256
+// tile (64 KiB each way, in L2) touches 512 pages: with power-of-two row
+// strides every row is its own page (and L1 set), so big tiles keep TLB
+// misses per byte low; inside a tile the 16x16 blocks go down a column
+// block first, filling each destination line before moving on.
+constexpr int64_t kTileRows = 256, kTileCols = 256;
 
 inline void AtomicMaxBits(std::atomic<uint32_t>* a, uint32_t v) {
   uint32_t cur = a->load(std::memory_order_relaxed);
@@ -111,6 +118,52 @@ HWY_INLINE void ItemsF(const QJob& j, int64_t begin, int64_t end) {
   }
 }
 
+// ---- fp8_transpose ----------------------------------------------------------------
+// 16x16 bytes through 16 128-bit registers: four rounds of byte interleaves
+// of row k with row k + 8 (out[2k] = lo(in[k], in[k+8]), out[2k+1] = hi(...))
+// rotate the 8-bit (row, col) index left by one bit each, so four rounds
+// are the transpose.
+#if HWY_TARGET != HWY_SCALAR
+HWY_INLINE void Transpose16x16(const uint8_t* HWY_RESTRICT src, int64_t src_stride, uint8_t* HWY_RESTRICT dst,
+                               int64_t dst_stride) {
+  const hn::Full128<uint8_t> d;
+  hn::Vec<decltype(d)> a[16], b[16];
+  for (int k = 0; k < 16; ++k) a[k] = hn::LoadU(d, src + k * src_stride);
+  for (int round = 0; round < 4; ++round) {
+    hn::Vec<decltype(d)>* in = round % 2 == 0 ? a : b;
+    hn::Vec<decltype(d)>* out = round % 2 == 0 ? b : a;
+    for (int k = 0; k < 8; ++k) {
+      out[2 * k] = hn::InterleaveLower(d, in[k], in[k + 8]);
+      out[2 * k + 1] = hn::InterleaveUpper(d, in[k], in[k + 8]);
+    }
+  }
+  for (int k = 0; k < 16; ++k) hn::StoreU(a[k], d, dst + k * dst_stride);
+}
+#endif
+
+// Exported: tile rows [begin, end) (kTileRows source rows each) of q [m, n]
+// into t [n, m]: 16x16 blocks in registers, the ragged edges scalar.
+void TransposeRows(const uint8_t* q, uint8_t* t, int64_t m, int64_t n, int64_t begin, int64_t end) {
+  for (int64_t tr = begin; tr < end; ++tr) {
+    const int64_t i0 = tr * kTileRows, i1 = std::min(m, i0 + kTileRows);
+    for (int64_t j0 = 0; j0 < n; j0 += kTileCols) {
+      const int64_t j1 = std::min(n, j0 + kTileCols);
+      int64_t i = i0;
+#if HWY_TARGET != HWY_SCALAR
+      const int64_t i16 = i0 + (i1 - i0) / 16 * 16;
+      int64_t c = j0;
+      for (; c + 16 <= j1; c += 16)
+        for (int64_t b = i0; b < i16; b += 16) Transpose16x16(q + b * n + c, n, t + c * m + b, m);
+      for (; c < j1; ++c)
+        for (int64_t k = i0; k < i16; ++k) t[c * m + k] = q[k * n + c];
+      i = i16;
+#endif
+      for (; i < i1; ++i)
+        for (int64_t c = j0; c < j1; ++c) t[c * m + i] = q[i * n + c];
+    }
+  }
+}
+
 // Exported: work items [begin, end) of an elementwise call.
 void QuantItems(const QJob& j, int64_t begin, int64_t end) {
   if (j.fmt == Fp8Format::kE4M3) {
@@ -128,6 +181,7 @@ HWY_AFTER_NAMESPACE();
 namespace tefl::backends {
 
 HWY_EXPORT(QuantItems);
+HWY_EXPORT(TransposeRows);
 
 namespace {
 
@@ -296,52 +350,10 @@ struct TJob {
   uint8_t* t;
   int64_t m, n;
 };
-constexpr int64_t kTile = 64;
 
-// 8x8 bytes: rows r0..r7 (u64 each, little-endian) transposed in registers
-// by three rounds of masked swaps.
-inline void Transpose8x8(const uint8_t* src, int64_t src_stride, uint8_t* dst, int64_t dst_stride) {
-  uint64_t r[8];
-  for (int i = 0; i < 8; ++i) std::memcpy(&r[i], src + i * src_stride, 8);
-  // Swap 1x1 blocks within 2x2, 2x2 within 4x4, 4x4 within 8x8.
-  for (int i = 0; i < 8; i += 2) {
-    const uint64_t a = r[i], b = r[i + 1];
-    r[i] = (a & 0x00FF00FF00FF00FFull) | ((b << 8) & 0xFF00FF00FF00FF00ull);
-    r[i + 1] = ((a >> 8) & 0x00FF00FF00FF00FFull) | (b & 0xFF00FF00FF00FF00ull);
-  }
-  for (int i = 0; i < 8; i += 4) {
-    for (int k = 0; k < 2; ++k) {
-      const uint64_t a = r[i + k], b = r[i + k + 2];
-      r[i + k] = (a & 0x0000FFFF0000FFFFull) | ((b << 16) & 0xFFFF0000FFFF0000ull);
-      r[i + k + 2] = ((a >> 16) & 0x0000FFFF0000FFFFull) | (b & 0xFFFF0000FFFF0000ull);
-    }
-  }
-  for (int k = 0; k < 4; ++k) {
-    const uint64_t a = r[k], b = r[k + 4];
-    r[k] = (a & 0x00000000FFFFFFFFull) | (b << 32);
-    r[k + 4] = (a >> 32) | (b & 0xFFFFFFFF00000000ull);
-  }
-  for (int i = 0; i < 8; ++i) std::memcpy(dst + i * dst_stride, &r[i], 8);
-}
-
-// Tile rows [begin, end) of 64 source rows each.
 void TBody(void* ctx, int64_t begin, int64_t end) {
   const TJob& j = *static_cast<const TJob*>(ctx);
-  for (int64_t tr = begin; tr < end; ++tr) {
-    const int64_t i0 = tr * kTile, i1 = std::min(j.m, i0 + kTile);
-    for (int64_t j0 = 0; j0 < j.n; j0 += kTile) {
-      const int64_t j1 = std::min(j.n, j0 + kTile);
-      int64_t i = i0;
-      for (; i + 8 <= i1; i += 8) {
-        int64_t c = j0;
-        for (; c + 8 <= j1; c += 8) Transpose8x8(j.q + i * j.n + c, j.n, j.t + c * j.m + i, j.m);
-        for (; c < j1; ++c)
-          for (int64_t k = i; k < i + 8; ++k) j.t[c * j.m + k] = j.q[k * j.n + c];
-      }
-      for (; i < i1; ++i)
-        for (int64_t c = j0; c < j1; ++c) j.t[c * j.m + i] = j.q[i * j.n + c];
-    }
-  }
+  HWY_DYNAMIC_DISPATCH(TransposeRows)(j.q, j.t, j.m, j.n, begin, end);
 }
 
 tefl_status* TransposeKernel(const tefl_call_frame* f, void*) {
@@ -349,7 +361,7 @@ tefl_status* TransposeKernel(const tefl_call_frame* f, void*) {
   TJob j{static_cast<const uint8_t*>(DataPtr(q)), static_cast<uint8_t*>(DataPtr(f->outputs[0])), q->shape[0],
          q->shape[1]};
   if (j.m == 0 || j.n == 0) return nullptr;
-  f->host->parallel_for((j.m + kTile - 1) / kTile, 1, TBody, &j);
+  f->host->parallel_for((j.m + kTileRows - 1) / kTileRows, 1, TBody, &j);
   return nullptr;
 }
 
