@@ -150,9 +150,9 @@ int32_t Supports(const tefl_call_frame* f, void*, char* why, size_t len) noexcep
       if (dt == DT::kF32 || dt == DT::kBF16) continue;
       if (dt == DT::kF16)
         return Decline(why, len, "onednn declines float16 GEMMs: oneDNN 2.6 has no float16 matmul on these CPUs");
-      return Decline(why, len,
-                     "onednn serves float32 and bfloat16 A/B/D only (no FP8 matmul in oneDNN 2.6), got " +
-                         DtypeName(t->dtype));
+      return Decline(
+          why, len,
+          "onednn serves float32 and bfloat16 A/B/D only (no FP8 matmul in oneDNN 2.6), got " + DtypeName(t->dtype));
     }
     if (DtOf(a) != DtOf(b)) return Decline(why, len, "onednn needs A and B of one dtype");
     if (at.grad || Out(f, kBiasGrad) != nullptr)
