@@ -4,7 +4,7 @@
 # The oneDNN vendor plugin end to end: install the built tree into a
 # temporary prefix, build plugins/onednn against that prefix and the system
 # oneDNN, check its exported symbols, then run the conformance suites of the
-# families it serves (normalization, activation, softmax) with the plugin
+# families it serves (normalization, activation, softmax, gemm) with the plugin
 # loaded, and check from their output that vendor.onednn actually executed
 # each of its ops in float32 and bfloat16 and never ran a float16 call.
 #
@@ -35,8 +35,9 @@ declare -A suite_ops=(
   [normalization]="layernorm_fwd layernorm_bwd"
   [activation]="gelu dgelu silu dsilu qgelu dqgelu relu drelu"
   [softmax]="scaled_softmax_forward scaled_softmax_backward"
+  [gemm]="generic_gemm"
 )
-for family in normalization activation softmax; do
+for family in normalization activation softmax gemm; do
   step "conformance_${family}_test with the plugin loaded"
   conf="$bin_dir/tests/conformance_${family}_test"
   [[ -x "$conf" ]] || fail "$conf is missing: build the conformance_${family}_test target first"
@@ -51,21 +52,22 @@ for family in normalization activation softmax; do
   grep -q "Loaded plugin 'onednn'" "$log" || fail "the plugin was not loaded (no \"Loaded plugin 'onednn'\" line)"
 
   # Coverage: vendor.onednn executed each of its ops in float32 and bfloat16
-  # (the first argument of the exec line carries the call's dtype).
+  # (the first argument of the exec line carries the call's dtype; its name
+  # may be upper case, as generic_gemm's A).
   for op in ${suite_ops[$family]}; do
     dtypes="float32 bfloat16"
     # float32 dgelu is declined on purpose (oneDNN 2.6's gelu_tanh backward
     # misses TE's float32 tolerance; see plugins/onednn/README.md).
     [[ $op == dgelu ]] && dtypes="bfloat16"
     for dt in $dtypes; do
-      n=$(grep -Ec "^tefl_verbose,exec,$op,vendor\.onednn,[a-z_]+:$dt" "$log" || true)
+      n=$(grep -Ec "^tefl_verbose,exec,$op,vendor\.onednn,[A-Za-z_]+:$dt" "$log" || true)
       echo "$op $dt: $n call(s) executed by vendor.onednn"
       ((n > 0)) || fail "vendor.onednn never executed $op in $dt"
     done
     declined=$(grep -c "vendor.onednn declined $op" "$log" || true)
     echo "$op: $declined case(s) declined by vendor.onednn"
     # float16 must be declined by supports(), never run.
-    if grep -Eq "^tefl_verbose,exec,$op,vendor\.onednn,[a-z_]+:float16" "$log"; then
+    if grep -Eq "^tefl_verbose,exec,$op,vendor\.onednn,[A-Za-z_]+:float16" "$log"; then
       fail "vendor.onednn ran a float16 $op call; oneDNN 2.6 has no float16 CPU implementation"
     fi
   done

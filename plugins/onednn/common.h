@@ -363,6 +363,7 @@ inline tefl_impl_desc VendorDesc(const char* op, tefl_kernel_fn kernel, tefl_sup
 tefl_status* RegisterNormalization(const tefl_registrar* registrar);
 tefl_status* RegisterActivation(const tefl_registrar* registrar);
 tefl_status* RegisterSoftmax(const tefl_registrar* registrar);
+tefl_status* RegisterGemm(const tefl_registrar* registrar);
 
 }  // namespace onednn_plugin
 

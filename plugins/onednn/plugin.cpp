@@ -4,6 +4,7 @@
 //   normalization.cpp  layernorm_fwd, layernorm_bwd
 //   activation.cpp     gelu, silu, qgelu, relu and their backward ops
 //   softmax.cpp        scaled_softmax_forward, scaled_softmax_backward
+//   gemm.cpp           generic_gemm (matmul)
 //
 // Only tefl_plugin_info and tefl_plugin_register are exported (extern "C",
 // exports.map); everything else has hidden visibility. No C++ exception
@@ -30,8 +31,8 @@ ONEDNN_PLUGIN_EXPORT tefl_status* tefl_plugin_register(const tefl_host_services*
     (void)onednn_plugin::GetState();
     // Registration is transactional on the host side: on an error nothing stays.
     using Fn = tefl_status* (*)(const tefl_registrar*);
-    for (Fn family :
-         {onednn_plugin::RegisterNormalization, onednn_plugin::RegisterActivation, onednn_plugin::RegisterSoftmax}) {
+    for (Fn family : {onednn_plugin::RegisterNormalization, onednn_plugin::RegisterActivation,
+                      onednn_plugin::RegisterSoftmax, onednn_plugin::RegisterGemm}) {
       if (tefl_status* s = family(registrar)) return s;
     }
     return nullptr;
