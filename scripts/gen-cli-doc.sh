@@ -51,6 +51,7 @@ on this machine (2 cores).
 MD
   run "tefl ops --family normalization" $tefl ops --family normalization
   run "tefl ops scaled_masked_softmax_forward" $tefl ops scaled_masked_softmax_forward
+  run "tefl ops generic_gemm" $tefl ops generic_gemm
   echo
   echo '`tefl ops` lists every op; `--json` gives the same data as objects (`inputs`, `outputs`, `attrs` with'
   echo '`default`, `min`, `max`).'

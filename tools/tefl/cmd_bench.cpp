@@ -62,8 +62,14 @@ double MeasureCopyBandwidth(double min_time) {
 std::vector<int64_t> DefaultSize(const std::string& family) {
   if (family == "softmax") return {2, 16, 1024, 1024};
   if (family == "rope") return {2048, 2, 32, 128};
+  if (family == "gemm") return {1024, 1024};            // [M, K] (N = K): 2 GFLOP
+  if (family == "attention") return {2, 1024, 16, 64};  // q [b, s, h, d]
   return {4096, 4096};
 }
+
+// Families whose reference.cpp (naive loops in double) takes seconds to
+// minutes per call at the default sizes: timed only when asked for by --impl.
+bool ReferenceTooSlow(const std::string& family) { return family == "gemm" || family == "attention"; }
 
 // The plot script: $TEFL_PLOT_SCRIPT, else the source tree's (a build
 // tree's binary), else the installed one next to this binary
@@ -100,7 +106,7 @@ void AddBenchCommand(CLI::App& app) {
   cmd->add_option("--dtype", args->dtype, "Data dtype: fp32, bf16, fp16")->capture_default_str();
   cmd->add_option("--size", args->size,
                   "Shape of the main input (default per family: 4096,4096; softmax 2,16,1024,1024; rope "
-                  "2048,2,32,128)");
+                  "2048,2,32,128; gemm 1024,1024 (M,K; N = K); attention 2,1024,16,64 (b,s,h,d))");
   cmd->add_option("--min-time", args->min_time, "Seconds sampled per measurement")->capture_default_str();
   cmd->add_flag("--json", args->json, "Print JSON");
   cmd->add_option("--plot", args->plot, "Also draw a roofline-style chart (needs python3 with matplotlib)")
@@ -139,6 +145,12 @@ void AddBenchCommand(CLI::App& app) {
             std::find(args->impls.begin(), args->impls.end(), impl.impl_id) == args->impls.end())
           continue;
         if (!(impl.device_mask & TEFL_DEVICE_BIT(kDLCPU))) continue;
+        if (args->impls.empty() && impl.kind == BackendImplKind::REFERENCE && ReferenceTooSlow(op->family)) {
+          const std::string why = "not timed: naive loops at this size (--impl " + impl.impl_id + " times it)";
+          t.Add({op->name, impl.impl_id, c.dtype, c.shape, "-", "-", "-", why});
+          rows.push_back({{"op", op->name}, {"impl", impl.impl_id}, {"skipped", why}});
+          continue;
+        }
         if (progress) {
           std::fprintf(stderr, "\r\033[K%s on %s", op->name, impl.impl_id.c_str());
           std::fflush(stderr);
