@@ -92,12 +92,16 @@ Time per call on warm, preallocated outputs (median of the samples taken for
 `--min-time` seconds), GB/s over the bytes of every input and output, and that
 as a percentage of the copy bandwidth measured at the start of the same run
 with the same threads. Default sizes per family: [4096, 4096]; softmax
-[2, 16, 1024, 1024]; RoPE [2048, 2, 32, 128]. `--plot FILE.png` draws a
+[2, 16, 1024, 1024]; RoPE [2048, 2, 32, 128]; GEMM [1024, 1024] (M, K; N =
+K); attention [2, 1024, 16, 64] (b, s, h, d; compute-bound: GB/s says little,
+and their reference.cpp is timed only with `--impl reference.cpp`). `--plot FILE.png` draws a
 roofline-style chart (bytes moved vs achieved GB/s under the copy roof) with
 `tools/tefl/plot_bench.py` (python3 + matplotlib).
 MD
   run "tefl bench --op rmsnorm_fwd --op gelu --op swiglu --op scaled_softmax_forward --op fused_rope_forward --dtype bf16" \
     $tefl bench --op rmsnorm_fwd --op gelu --op swiglu --op scaled_softmax_forward --op fused_rope_forward --dtype bf16
+  run "tefl bench --op quantize --op dequantize --op compute_amax --op generic_gemm --op fused_attn_fwd" \
+    $tefl bench --op quantize --op dequantize --op compute_amax --op generic_gemm --op fused_attn_fwd
   echo
   echo "## tefl demo"
   echo
@@ -107,9 +111,10 @@ output projection -> residual -> rmsnorm -> SwiGLU MLP -> residual), forward
 and backward, on synthetic data; flags `--batch --seq --hidden --heads --ffn
 --dtype`. The layer runs twice: pinned to reference.cpp, then under the policy
 in force; each op's outputs are compared between the two runs (errors include
-what earlier ops propagated). tefl has no `generic_gemm` yet, so GEMMs and the
-residual adds are the demo's own plain code, marked `demo code`; attention's
-softmax is tefl's causal `scaled_upper_triang_masked_softmax`.
+what earlier ops propagated). Every projection product (forward, dgrad,
+wgrad) is `generic_gemm`, attention is `fused_attn_fwd`/`fused_attn_bwd`
+(bshd, causal); only the residual adds are the demo's own plain code, marked
+`demo code`.
 MD
   run "tefl demo" $tefl demo
   run "TE_FL_PREFER=reference tefl demo --seq 64" TE_FL_PREFER=reference $tefl demo --seq 64
