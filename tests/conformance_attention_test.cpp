@@ -445,13 +445,14 @@ TEST(AttentionDropout, InferenceIgnoresDropout) {
 // gradients, lse = -inf (vanilla) / 0 (off-by-one), never NaN.
 TEST(AttentionMasking, FullyMaskedRowsGiveZerosNotNaN) {
   for (const std::string& impl : CpuImplementations("fused_attn_fwd")) {
-    for (int32_t sm : {0, 1}) {
-      SCOPED_TRACE(impl + " softmax " + std::to_string(sm));
+    for (int32_t sm : {0, 1, 2, 3}) {  // 2, 3: bf16 (default.portable's vdpbf16ps path)
+      SCOPED_TRACE(impl + " softmax " + std::to_string(sm % 2) + (sm >= 2 ? " bf16" : ""));
       Spec s;
+      s.dtype = sm >= 2 ? DType::kBF16 : DType::kF32;
       s.mask = TEFL_ATTN_MASK_CAUSAL_BOTTOM_RIGHT;  // sk < sq: the first sq - sk rows see no key
       s.sq = 9;
       s.sk = 4;
-      s.softmax = sm;
+      s.softmax = sm % 2;
       Problem p = Make(s);
       ASSERT_TRUE(RunFwd(p, impl).ok());
       ASSERT_TRUE(RunBwd(p, impl).ok());
@@ -461,7 +462,7 @@ TEST(AttentionMasking, FullyMaskedRowsGiveZerosNotNaN) {
             const bool masked = i < s.sq - s.sk;
             const double lse = p.stats.at((bi * s.hq + h) * s.sq + i);
             if (masked) {
-              EXPECT_EQ(lse, sm == 0 ? -INFINITY : 0.0) << i;
+              EXPECT_EQ(lse, sm % 2 == 0 ? -INFINITY : 0.0) << i;
             }
             for (int64_t c = 0; c < s.dv; ++c) {
               const double o = p.o.at(((bi * s.sq + i) * s.hq + h) * s.dv + c);
@@ -517,24 +518,29 @@ TEST(AttentionMasking, PaddedRowsAndKeysAreZero) {
 
 TEST(AttentionMasking, NanPropagates) {
   for (const std::string& impl : CpuImplementations("fused_attn_fwd")) {
-    SCOPED_TRACE(impl);
-    Spec s;
-    Problem p = Make(s);
-    p.q.set(0, NAN);  // (b 0, i 0, h 0)
-    ASSERT_TRUE(RunFwd(p, impl).ok());
-    EXPECT_TRUE(std::isnan(p.o.at(0)));
-    EXPECT_FALSE(std::isnan(p.o.at(s.dv)));  // head 1 is untouched
-    ASSERT_TRUE(RunBwd(p, impl).ok());
+    for (DType t : {DType::kF32, DType::kBF16}) {
+      SCOPED_TRACE(impl + " " + tefl::DTypeName(t));
+      Spec s;
+      s.dtype = t;
+      Problem p = Make(s);
+      p.q.set(0, NAN);  // (b 0, i 0, h 0)
+      ASSERT_TRUE(RunFwd(p, impl).ok());
+      EXPECT_TRUE(std::isnan(p.o.at(0)));
+      EXPECT_FALSE(std::isnan(p.o.at(s.dv)));  // head 1 is untouched
+      ASSERT_TRUE(RunBwd(p, impl).ok());
+      EXPECT_TRUE(std::isnan(p.dq.at(0)));
+      EXPECT_FALSE(std::isnan(p.dq.at(s.dqk)));  // head 1
+    }
   }
 }
 
-// default.portable's bf16 backward runs its tile products on vdpbf16ps when
-// the CPU has avx512_bf16 (P' and dS rounded to bf16);
+// default.portable's bf16 forward and backward run their tile products on
+// vdpbf16ps when the CPU has avx512_bf16 (P, P' and dS rounded to bf16);
 // TEFL_PORTABLE_ATTN_BF16DOT=0 forces the fp32 products. On the same bf16
 // inputs both agree within the bf16 tolerance, over tile-edge sizes, GQA,
 // causal masks, thd and dropout; with avx512_bf16 the results differ in some
 // bits (the dot path really ran).
-TEST(AttentionBf16Dot, BackwardMatchesTheFp32ProductsOnTheSameInputs) {
+TEST(AttentionBf16Dot, MatchesTheFp32ProductsOnTheSameInputs) {
   const char* kPortable = "default.portable";
   const std::vector<std::string> impls = CpuImplementations("fused_attn_bwd");
   if (std::find(impls.begin(), impls.end(), kPortable) == impls.end()) GTEST_SKIP() << "no default.portable";
@@ -553,7 +559,7 @@ TEST(AttentionBf16Dot, BackwardMatchesTheFp32ProductsOnTheSameInputs) {
                      {TEFL_QKV_SBHD, 4, 67, 150, 6, 2, 20, 36, 0.0f},
                      {TEFL_QKV_THD, 2, 90, 90, 2, 2, 64, 64, 0.0f},
                      {TEFL_QKV_BSHD, 2, 70, 65, 2, 1, 64, 64, 0.2f}};
-  bool any_diff = false;
+  bool any_diff = false, any_fwd_diff = false;
   for (const C& k : cases) {
     Spec s;
     s.dtype = DType::kBF16;
@@ -586,14 +592,24 @@ TEST(AttentionBf16Dot, BackwardMatchesTheFp32ProductsOnTheSameInputs) {
     unsetenv("TEFL_PORTABLE_ATTN_BF16DOT");
     ASSERT_TRUE(st.ok()) << st.ToString();
     const Tolerance tol = AttnTol(DType::kBF16);
-    const std::string msg =
+    std::string msg =
         Cmp("dq", dot.dq, f32.dq, tol) + Cmp("dk", dot.dk, f32.dk, tol) + Cmp("dv", dot.dv, f32.dv, tol);
+    // The forward (S = Q K^T and O += P V on vdpbf16ps, P rounded to bf16).
+    Problem fdot = Make(s), ff32 = Make(s);
+    ASSERT_TRUE(RunFwd(fdot, kPortable).ok());
+    ASSERT_EQ(setenv("TEFL_PORTABLE_ATTN_BF16DOT", "0", 1), 0);
+    const Status fst = RunFwd(ff32, kPortable);
+    unsetenv("TEFL_PORTABLE_ATTN_BF16DOT");
+    ASSERT_TRUE(fst.ok()) << fst.ToString();
+    msg += Cmp("o", fdot.o, ff32.o, tol) + Cmp("stats", fdot.stats, ff32.stats, Tolerance{1e-3, 1e-3});
+    for (int64_t i = 0; i < fdot.o.numel() && !any_fwd_diff; ++i) any_fwd_diff |= fdot.o.at(i) != ff32.o.at(i);
     EXPECT_TRUE(msg.empty()) << msg;
     for (int64_t i = 0; i < dot.dq.numel() && !any_diff; ++i) any_diff |= dot.dq.at(i) != f32.dq.at(i);
     for (int64_t i = 0; i < dot.dk.numel() && !any_diff; ++i) any_diff |= dot.dk.at(i) != f32.dk.at(i);
   }
   if (has_dot) {
-    EXPECT_TRUE(any_diff) << "the vdpbf16ps path did not run";
+    EXPECT_TRUE(any_diff) << "the vdpbf16ps backward did not run";
+    EXPECT_TRUE(any_fwd_diff) << "the vdpbf16ps forward did not run";
   }
 }
 

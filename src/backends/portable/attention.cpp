@@ -26,9 +26,10 @@
 //    order). No atomics; results depend on the thread count only through
 //    that fixed-order sum. Extra memory: threads x |q| fp32 for the partials
 //    plus per-thread tiles, O(s) (no [sq, sk] buffer).
-//  - bf16 backward on a CPU with avx512_bf16: the five tile products run on
-//    vdpbf16ps from K-pair-interleaved bf16 operands (q, k, v, d_o exact;
-//    P' and dS rounded to bf16), fp32 accumulation ("bf16 dot products").
+//  - bf16 on a CPU with avx512_bf16: the tile products (forward 2,
+//    backward 5) run on vdpbf16ps from K-pair-interleaved bf16 operands (q,
+//    k, v, d_o exact; P, P' and dS rounded to bf16), fp32 accumulation, the
+//    softmax in fp32 as above ("bf16 dot products").
 //
 // Host contract (validated before the call): CPU tensors, compact row-major,
 // q/k/v/o/d_o/dq/dk/dv of one float dtype, stats/alpha fp32, cu_seqlens
@@ -168,14 +169,15 @@ inline bool ExtraLogit(const AttnCtx& c, int64_t h, float* logit) {
 // ---- bf16 dot products (AVX512-BF16) ------------------------------------------
 // As gemm.cpp's bf16 path: torch's CPU bf16 attention runs its tile products
 // on vdpbf16ps (twice the fp32 FMA rate). With bf16 inputs, a CPU with
-// avx512_bf16 and no subnormal in q/k/v/d_o (vdpbf16ps reads subnormal
-// inputs as 0), the backward's five tile products take K-pair-interleaved
-// bf16 operands: each 32-bit word holds elements k (low half) and k + 1
-// (high half) of the reduction, each vdpbf16ps lane adds a[k] b[k] + a[k+1]
-// b[k+1] into fp32 (products exact, sums rounded: the error bound of any
-// fp32 summation order). q, k, v and d_o are used exactly; P' and dS are
-// rounded once to bf16 (round to nearest even) before the products that
-// take them, as oneDNN and GPU flash attention do. vdpbf16ps also flushes
+// avx512_bf16 and no subnormal in q/k/v(/d_o) (vdpbf16ps reads subnormal
+// inputs as 0), the forward's two and the backward's five tile products take
+// K-pair-interleaved bf16 operands: each 32-bit word holds elements k (low
+// half) and k + 1 (high half) of the reduction, each vdpbf16ps lane adds
+// a[k] b[k] + a[k+1] b[k+1] into fp32 (products exact, sums rounded: the
+// error bound of any fp32 summation order). q, k, v and d_o are used
+// exactly; P (forward), P' and dS are rounded once to bf16 (round to nearest
+// even) before the products that take them, as oneDNN and GPU flash
+// attention do; the softmax statistics stay fp32. vdpbf16ps also flushes
 // subnormal fp32 results (|x| < 2^-126) to 0, far under every tolerance.
 // TEFL_PORTABLE_ATTN_BF16DOT=0 in the environment forces the fp32 path.
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -272,6 +274,15 @@ TEFL_BF16_TARGET inline void TileToBf16(const float* s, const float* dp, int64_t
     }
   }
 }
+
+// dst row r (words [r * kBk / 2, ...)) = the first np floats of s row r as
+// bf16 (M rows of kBk floats, np % 16 == 0).
+TEFL_BF16_TARGET inline void RowsToBf16(const float* s, int64_t M, int64_t np, uint32_t* dst) {
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t j = 0; j < np; j += 16)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + r * (kBk / 2) + j / 2),
+                          (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(s + r * kBk + j)));
+}
 #pragma GCC diagnostic pop
 #else
 #define TEFL_ATTN_BF16DOT 0
@@ -336,6 +347,35 @@ inline void PackKBlockBf16(const AttnCtx& c, int64_t bi, int64_t hk, int64_t j0,
     for (int64_t j = 0; j < kBk; ++j) vtp[p * kBk + j] = v.Pair(j, 2 * p);
   for (int64_t p = 0; p < kBk / 2; ++p)
     for (int64_t x = 0; x < c.dqkp; ++x) kpair[p * c.dqkp + x] = k.Pair2(2 * p, x);
+}
+
+// The forward's key tile: ktp [dqkp / 2 x kBk] as above, then vpair
+// [kBk / 2 x dvp] (word (p, x) = channel x of values 2p, 2p + 1).
+inline void PackKvTileBf16(const AttnCtx& c, int64_t bi, int64_t hk, int64_t j0, int64_t nk, uint32_t* ktp,
+                           uint32_t* vpair) {
+  const AttnGeometry& g = c.g;
+  Bf16Rows k{static_cast<const uint16_t*>(c.k), {}, nk, g.dqk};
+  Bf16Rows v{static_cast<const uint16_t*>(c.v), {}, nk, g.dv};
+  for (int64_t r = 0; r < nk; ++r) {
+    const int64_t t = g.token_kv(bi, j0 + r);
+    k.off[r] = AttnGeometry::At(t, hk, g.hkv, g.dqk);
+    v.off[r] = AttnGeometry::At(t, hk, g.hkv, g.dv);
+  }
+  for (int64_t p = 0; p < c.dqkp / 2; ++p)
+    for (int64_t j = 0; j < kBk; ++j) ktp[p * kBk + j] = k.Pair(j, 2 * p);
+  for (int64_t p = 0; p < kBk / 2; ++p)
+    for (int64_t x = 0; x < c.dvp; ++x) vpair[p * c.dvp + x] = v.Pair2(2 * p, x);
+}
+
+// q rows [i0, i0 + n) of (bi, h) as words of channel pairs [rows x dqkp / 2]
+// (rows [n, rows) zero).
+inline void PackQRowsBf16(const AttnCtx& c, int64_t bi, int64_t h, int64_t i0, int64_t n, int64_t rows,
+                          uint32_t* dst) {
+  const AttnGeometry& g = c.g;
+  Bf16Rows q{static_cast<const uint16_t*>(c.q), {}, n, g.dqk};
+  for (int64_t r = 0; r < n; ++r) q.off[r] = AttnGeometry::At(g.token_q(bi, i0 + r), h, g.hq, g.dqk);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t p = 0; p < c.dqkp / 2; ++p) dst[r * c.dqkp / 2 + p] = q.Pair(r, 2 * p);
 }
 
 }  // namespace
@@ -456,17 +496,19 @@ struct Scratch {
   // The bf16 path's key block and tile operands (words of 2 bf16).
   hwy::AlignedFreeUniquePtr<uint32_t[]> words;
   uint32_t *ktp = nullptr, *vtp = nullptr, *kpair = nullptr, *pp = nullptr, *dsp = nullptr, *dsr = nullptr;
+  uint32_t* qw = nullptr;  // forward: the q block's words [kBq x dqkp / 2]
   explicit Scratch(const AttnCtx& c) {
     if (c.bf16dot) {
       const size_t ws[] = {size_t(c.dqkp / 2 * kBk), size_t(c.dvp / 2 * kBk), size_t(kBk / 2 * c.dqkp),
-                           size_t(kBq / 2 * kBk),    size_t(kBq / 2 * kBk),   size_t(kBq * kBk / 2)};
+                           size_t(kBq / 2 * kBk),    size_t(kBq / 2 * kBk),   size_t(kBq * kBk / 2),
+                           size_t(kBq * c.dqkp / 2)};
       size_t wt = 0;
       for (size_t s_ : ws) wt += (s_ + 15) / 16 * 16;
       words = hwy::AllocateAligned<uint32_t>(wt);
       if (!words) throw std::bad_alloc();
-      uint32_t** wp[] = {&ktp, &vtp, &kpair, &pp, &dsp, &dsr};
+      uint32_t** wp[] = {&ktp, &vtp, &kpair, &pp, &dsp, &dsr, &qw};
       uint32_t* q = words.get();
-      for (size_t i = 0; i < 6; ++i) {
+      for (size_t i = 0; i < 7; ++i) {
         *wp[i] = q;
         q += (ws[i] + 15) / 16 * 16;
       }
@@ -551,8 +593,13 @@ void FwdItem(const AttnCtx& c, const Item& it, Scratch& w) {
     if (w.lo[r] < w.hi[r]) klo = std::min(klo, w.lo[r]), khi = std::max(khi, w.hi[r]);
   }
   const float scale = float(g.scale);
-  PackRows(
-      c, c.q, [&](int64_t r) { return g.token_q(bi, i0 + r); }, h, g.hq, g.dqk, n, M, scale, w.qs, c.dqkp);
+#if TEFL_ATTN_BF16DOT
+  if (c.bf16dot)
+    PackQRowsBf16(c, bi, h, i0, n, M, w.qw);
+  else
+#endif
+    PackRows(
+        c, c.q, [&](int64_t r) { return g.token_q(bi, i0 + r); }, h, g.hq, g.dqk, n, M, scale, w.qs, c.dqkp);
   float extra;
   const bool has_extra = ExtraLogit(c, h, &extra);
   for (int64_t r = 0; r < M; ++r) {
@@ -562,10 +609,21 @@ void FwdItem(const AttnCtx& c, const Item& it, Scratch& w) {
   std::memset(w.acc, 0, size_t(M * c.dvp) * sizeof(float));
 
   for (int64_t j0 = klo / kBk * kBk; j0 < khi; j0 += kBk) {
-    const int64_t nk = std::min(kBk, khi - j0), np = RoundUp(nk, G);
+    const int64_t nk = std::min(kBk, khi - j0);
     const float* kt = c.Tile(bi, hk, j0);
     const float* vrow = kt + g.dqk * kBk;
-    Gemm<false>(w.qs, size_t(c.dqkp), kt, kBk, w.s, kBk, size_t(M), size_t(np), size_t(g.dqk));
+#if TEFL_ATTN_BF16DOT
+    // bf16 dot path: the tile holds words (ktp, then vpair; PackKvItem).
+    const int64_t np = c.bf16dot ? RoundUp(nk, int64_t(kDotCols)) : RoundUp(nk, G);
+    const uint32_t* ktp = reinterpret_cast<const uint32_t*>(kt);
+    if (c.bf16dot)
+      DotGemm<false, false>(w.qw, size_t(c.dqkp / 2), ktp, kBk, w.s, kBk, size_t(M), size_t(np), size_t(c.dqkp / 2),
+                            scale);
+    else
+#else
+    const int64_t np = RoundUp(nk, G);
+#endif
+      Gemm<false>(w.qs, size_t(c.dqkp), kt, kBk, w.s, kBk, size_t(M), size_t(np), size_t(g.dqk));
     for (int64_t r = 0; r < M; ++r) {
       float* HWY_RESTRICT row = w.s + r * kBk;
       const int64_t a = r < n ? w.lo[r] - j0 : 0, e = r < n ? w.hi[r] - j0 : 0;
@@ -608,6 +666,14 @@ void FwdItem(const AttnCtx& c, const Item& it, Scratch& w) {
         for (int64_t x = 0; x < c.dvp; x += L) hn::StoreU(hn::Mul(hn::LoadU(df, o + x), vc), df, o + x);
       }
     }
+#if TEFL_ATTN_BF16DOT
+    if (c.bf16dot) {  // O += P V with P rounded to bf16
+      RowsToBf16(w.s, M, np, w.dsr);
+      DotGemm<true, false>(w.dsr, kBk / 2, ktp + c.dqkp / 2 * kBk, size_t(c.dvp), w.acc, size_t(c.dvp), size_t(M),
+                           size_t(c.dvp), size_t(np / 2), 1.0f);
+      continue;
+    }
+#endif
     Gemm<true>(w.s, kBk, vrow, size_t(c.dvp), w.acc, size_t(c.dvp), size_t(M), size_t(c.dvp), size_t(np));
   }
   for (int64_t r = 0; r < n; ++r) {
@@ -631,6 +697,13 @@ void PackKvItem(const AttnCtx& c, const Item& it, Scratch& w) {
   float* kt = const_cast<float*>(c.Tile(bi, hk, j0));
   float* vrow = kt + g.dqk * kBk;
   const int64_t n = std::clamp(g.len_kv(bi) - j0, int64_t(0), kBk);
+#if TEFL_ATTN_BF16DOT
+  if (c.bf16dot) {
+    uint32_t* ktp = reinterpret_cast<uint32_t*>(kt);
+    PackKvTileBf16(c, bi, hk, j0, n, ktp, ktp + c.dqkp / 2 * kBk);
+    return;
+  }
+#endif
   std::memset(kt, 0, size_t(c.tile_floats) * sizeof(float));
   auto tok = [&](int64_t r) { return g.token_kv(bi, j0 + r); };
   PackTransposed(c, c.k, tok, hk, g.hkv, g.dqk, n, kBk, w.tmp, kt);
@@ -1003,7 +1076,16 @@ tefl_status* AttnFwd(const tefl_call_frame* f, void*) {
     for (int64_t bi = 0; bi < c.g.b; ++bi)
       first_tile[size_t(bi) + 1] = first_tile[size_t(bi)] + (c.g.rows_kv(bi) + kBk - 1) / kBk;
     c.first_tile = first_tile.data();
-    c.tile_floats = (c.g.dqk * kBk + kBk * c.dvp + 15) / 16 * 16;
+#if TEFL_ATTN_BF16DOT
+    if (t == DType::kBF16 && CpuHasBf16Dot() && c.dqkp % int64_t(kDotCols) == 0 && c.dvp % int64_t(kDotCols) == 0) {
+      const char* env = std::getenv("TEFL_PORTABLE_ATTN_BF16DOT");
+      c.bf16dot = !(env && env[0] == '0') && !AnySubnormalBf16(c.q, NumElements(in[0])) &&
+                  !AnySubnormalBf16(c.k, NumElements(in[1])) && !AnySubnormalBf16(c.v, NumElements(in[2]));
+    }
+#endif
+    // fp32 tiles, or on the bf16 dot path words: ktp [dqkp / 2 x kBk], vpair [kBk / 2 x dvp].
+    c.tile_floats = c.bf16dot ? (c.dqkp / 2 * kBk + kBk / 2 * c.dvp + 15) / 16 * 16
+                              : (c.g.dqk * kBk + kBk * c.dvp + 15) / 16 * 16;
     const int64_t tiles = first_tile.back() * c.g.hkv;
     auto kv_pack = hwy::AllocateAligned<float>(size_t(std::max<int64_t>(tiles, 1) * c.tile_floats));
     if (!kv_pack) return Status(f, TEFL_INTERNAL, "out of memory for the packed k/v tiles");
