@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -444,13 +445,14 @@ TEST(AttentionDropout, InferenceIgnoresDropout) {
 // gradients, lse = -inf (vanilla) / 0 (off-by-one), never NaN.
 TEST(AttentionMasking, FullyMaskedRowsGiveZerosNotNaN) {
   for (const std::string& impl : CpuImplementations("fused_attn_fwd")) {
-    for (int32_t sm : {0, 1}) {
-      SCOPED_TRACE(impl + " softmax " + std::to_string(sm));
+    for (int32_t sm : {0, 1, 2, 3}) {  // 2, 3: bf16 (default.portable's vdpbf16ps path)
+      SCOPED_TRACE(impl + " softmax " + std::to_string(sm % 2) + (sm >= 2 ? " bf16" : ""));
       Spec s;
+      s.dtype = sm >= 2 ? DType::kBF16 : DType::kF32;
       s.mask = TEFL_ATTN_MASK_CAUSAL_BOTTOM_RIGHT;  // sk < sq: the first sq - sk rows see no key
       s.sq = 9;
       s.sk = 4;
-      s.softmax = sm;
+      s.softmax = sm % 2;
       Problem p = Make(s);
       ASSERT_TRUE(RunFwd(p, impl).ok());
       ASSERT_TRUE(RunBwd(p, impl).ok());
@@ -460,7 +462,7 @@ TEST(AttentionMasking, FullyMaskedRowsGiveZerosNotNaN) {
             const bool masked = i < s.sq - s.sk;
             const double lse = p.stats.at((bi * s.hq + h) * s.sq + i);
             if (masked) {
-              EXPECT_EQ(lse, sm == 0 ? -INFINITY : 0.0) << i;
+              EXPECT_EQ(lse, sm % 2 == 0 ? -INFINITY : 0.0) << i;
             }
             for (int64_t c = 0; c < s.dv; ++c) {
               const double o = p.o.at(((bi * s.sq + i) * s.hq + h) * s.dv + c);
@@ -516,14 +518,98 @@ TEST(AttentionMasking, PaddedRowsAndKeysAreZero) {
 
 TEST(AttentionMasking, NanPropagates) {
   for (const std::string& impl : CpuImplementations("fused_attn_fwd")) {
-    SCOPED_TRACE(impl);
+    for (DType t : {DType::kF32, DType::kBF16}) {
+      SCOPED_TRACE(impl + " " + tefl::DTypeName(t));
+      Spec s;
+      s.dtype = t;
+      Problem p = Make(s);
+      p.q.set(0, NAN);  // (b 0, i 0, h 0)
+      ASSERT_TRUE(RunFwd(p, impl).ok());
+      EXPECT_TRUE(std::isnan(p.o.at(0)));
+      EXPECT_FALSE(std::isnan(p.o.at(s.dv)));  // head 1 is untouched
+      ASSERT_TRUE(RunBwd(p, impl).ok());
+      EXPECT_TRUE(std::isnan(p.dq.at(0)));
+      EXPECT_FALSE(std::isnan(p.dq.at(s.dqk)));  // head 1
+    }
+  }
+}
+
+// default.portable's bf16 forward and backward run their tile products on
+// vdpbf16ps when the CPU has avx512_bf16 (P, P' and dS rounded to bf16);
+// TEFL_PORTABLE_ATTN_BF16DOT=0 forces the fp32 products. On the same bf16
+// inputs both agree within the bf16 tolerance, over tile-edge sizes, GQA,
+// causal masks, thd and dropout; with avx512_bf16 the results differ in some
+// bits (the dot path really ran).
+TEST(AttentionBf16Dot, MatchesTheFp32ProductsOnTheSameInputs) {
+  const char* kPortable = "default.portable";
+  const std::vector<std::string> impls = CpuImplementations("fused_attn_bwd");
+  if (std::find(impls.begin(), impls.end(), kPortable) == impls.end()) GTEST_SKIP() << "no default.portable";
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  const bool has_dot = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
+#else
+  const bool has_dot = false;
+#endif
+  struct C {
+    int32_t format, mask;
+    int64_t sq, sk, hq, hkv, dqk, dv;
+    float dropout;
+  };
+  const C cases[] = {{TEFL_QKV_BSHD, 0, 130, 197, 4, 2, 64, 64, 0.0f},
+                     {TEFL_QKV_BSHD, 2, 130, 130, 4, 1, 128, 128, 0.0f},
+                     {TEFL_QKV_SBHD, 4, 67, 150, 6, 2, 20, 36, 0.0f},
+                     {TEFL_QKV_THD, 2, 90, 90, 2, 2, 64, 64, 0.0f},
+                     {TEFL_QKV_BSHD, 2, 70, 65, 2, 1, 64, 64, 0.2f}};
+  bool any_diff = false, any_fwd_diff = false;
+  for (const C& k : cases) {
     Spec s;
-    Problem p = Make(s);
-    p.q.set(0, NAN);  // (b 0, i 0, h 0)
-    ASSERT_TRUE(RunFwd(p, impl).ok());
-    EXPECT_TRUE(std::isnan(p.o.at(0)));
-    EXPECT_FALSE(std::isnan(p.o.at(s.dv)));  // head 1 is untouched
-    ASSERT_TRUE(RunBwd(p, impl).ok());
+    s.dtype = DType::kBF16;
+    s.format = k.format;
+    s.mask = k.mask;
+    s.b = 2;
+    s.sq = k.sq;
+    s.sk = k.sk;
+    s.hq = k.hq;
+    s.hkv = k.hkv;
+    s.dqk = k.dqk;
+    s.dv = k.dv;
+    s.lo = -1.0;
+    s.hi = 1.0;
+    s.dropout = k.dropout;
+    s.training = k.dropout > 0.0f;
+    if (s.thd()) {
+      s.lens_q = {90, 37};
+      s.lens_kv = {63, 90};
+    }
+    SCOPED_TRACE(s.Name());
+    Problem dot = Make(s);
+    ASSERT_TRUE(RunFwd(dot, kReference).ok());
+    ASSERT_TRUE(RunBwd(dot, kPortable).ok());
+    Problem f32 = Make(s);
+    f32.o = dot.o;
+    f32.stats = dot.stats;
+    ASSERT_EQ(setenv("TEFL_PORTABLE_ATTN_BF16DOT", "0", 1), 0);
+    const Status st = RunBwd(f32, kPortable);
+    unsetenv("TEFL_PORTABLE_ATTN_BF16DOT");
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    const Tolerance tol = AttnTol(DType::kBF16);
+    std::string msg =
+        Cmp("dq", dot.dq, f32.dq, tol) + Cmp("dk", dot.dk, f32.dk, tol) + Cmp("dv", dot.dv, f32.dv, tol);
+    // The forward (S = Q K^T and O += P V on vdpbf16ps, P rounded to bf16).
+    Problem fdot = Make(s), ff32 = Make(s);
+    ASSERT_TRUE(RunFwd(fdot, kPortable).ok());
+    ASSERT_EQ(setenv("TEFL_PORTABLE_ATTN_BF16DOT", "0", 1), 0);
+    const Status fst = RunFwd(ff32, kPortable);
+    unsetenv("TEFL_PORTABLE_ATTN_BF16DOT");
+    ASSERT_TRUE(fst.ok()) << fst.ToString();
+    msg += Cmp("o", fdot.o, ff32.o, tol) + Cmp("stats", fdot.stats, ff32.stats, Tolerance{1e-3, 1e-3});
+    for (int64_t i = 0; i < fdot.o.numel() && !any_fwd_diff; ++i) any_fwd_diff |= fdot.o.at(i) != ff32.o.at(i);
+    EXPECT_TRUE(msg.empty()) << msg;
+    for (int64_t i = 0; i < dot.dq.numel() && !any_diff; ++i) any_diff |= dot.dq.at(i) != f32.dq.at(i);
+    for (int64_t i = 0; i < dot.dk.numel() && !any_diff; ++i) any_diff |= dot.dk.at(i) != f32.dk.at(i);
+  }
+  if (has_dot) {
+    EXPECT_TRUE(any_diff) << "the vdpbf16ps backward did not run";
+    EXPECT_TRUE(any_fwd_diff) << "the vdpbf16ps forward did not run";
   }
 }
 

@@ -26,6 +26,10 @@
 //    order). No atomics; results depend on the thread count only through
 //    that fixed-order sum. Extra memory: threads x |q| fp32 for the partials
 //    plus per-thread tiles, O(s) (no [sq, sk] buffer).
+//  - bf16 on a CPU with avx512_bf16: the tile products (forward 2,
+//    backward 5) run on vdpbf16ps from K-pair-interleaved bf16 operands (q,
+//    k, v, d_o exact; P, P' and dS rounded to bf16), fp32 accumulation, the
+//    softmax in fp32 as above ("bf16 dot products").
 //
 // Host contract (validated before the call): CPU tensors, compact row-major,
 // q/k/v/o/d_o/dq/dk/dv of one float dtype, stats/alpha fp32, cu_seqlens
@@ -37,10 +41,15 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <limits>
 #include <vector>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#endif
 
 #include "backends/attention_geometry.h"
 #include "backends/backends.h"
@@ -87,6 +96,15 @@ struct AttnCtx {
   // dvp floats per query row at its stats index.
   float* qs_all;
   float* do_all;
+
+  // bf16 inputs on a CPU with avx512_bf16 (see "bf16 dot products" below):
+  // the backward's tile products run on vdpbf16ps. q16: one slot of
+  // slot_words per query item (Items order), first_qblk: [b] the first
+  // query item of each sequence.
+  bool bf16dot = false;
+  uint32_t* q16 = nullptr;
+  const int64_t* first_qblk = nullptr;
+  int64_t slot_words = 0;
 
   const float* Tile(int64_t bi, int64_t hk, int64_t j0) const {
     const int64_t nt = first_tile[bi + 1] - first_tile[bi];
@@ -146,6 +164,218 @@ inline void DropFactors(const AttnCtx& c, int64_t bi, int64_t h, int64_t i, int6
 inline bool ExtraLogit(const AttnCtx& c, int64_t h, float* logit) {
   *logit = c.g.softmax == TEFL_ATTN_SOFTMAX_LEARNABLE ? c.alpha[h] : 0.0f;
   return c.g.softmax != TEFL_ATTN_SOFTMAX_VANILLA;
+}
+
+// ---- bf16 dot products (AVX512-BF16) ------------------------------------------
+// As gemm.cpp's bf16 path: torch's CPU bf16 attention runs its tile products
+// on vdpbf16ps (twice the fp32 FMA rate). With bf16 inputs, a CPU with
+// avx512_bf16 and no subnormal in q/k/v(/d_o) (vdpbf16ps reads subnormal
+// inputs as 0), the forward's two and the backward's five tile products take
+// K-pair-interleaved bf16 operands: each 32-bit word holds elements k (low
+// half) and k + 1 (high half) of the reduction, each vdpbf16ps lane adds
+// a[k] b[k] + a[k+1] b[k+1] into fp32 (products exact, sums rounded: the
+// error bound of any fp32 summation order). q, k, v and d_o are used
+// exactly; P (forward), P' and dS are rounded once to bf16 (round to nearest
+// even) before the products that take them, as oneDNN and GPU flash
+// attention do; the softmax statistics stay fp32. vdpbf16ps also flushes
+// subnormal fp32 results (|x| < 2^-126) to 0, far under every tolerance.
+// TEFL_PORTABLE_ATTN_BF16DOT=0 in the environment forces the fp32 path.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define TEFL_ATTN_BF16DOT 1
+#define TEFL_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+inline bool CpuHasBf16Dot() {
+  static const bool has =
+      __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+  return has;
+}
+inline bool AnySubnormalBf16(const void* p, int64_t n) {
+  const auto* h = static_cast<const uint16_t*>(p);
+  bool any = false;
+  for (int64_t i = 0; i < n; ++i) any |= (h[i] & 0x7F80u) == 0 && (h[i] & 0x7Fu) != 0;
+  return any;
+}
+
+constexpr size_t kDotCols = 64;  // columns per micro-kernel step (4 zmm)
+
+// GCC 12 reports its own _mm512_undefined_*() placeholders inside the
+// conversion intrinsics as "maybe uninitialized" (a false positive, as in
+// gemm.cpp).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+// C[M x N] (+)= alpha * A B over Kp reduction pairs. A(i, p) at A[i * lda +
+// p] (kTransA: A[p * lda + i]), B(p, j) at B[p * ldb + j]; M % 4 == 0, N %
+// 64 == 0. A 4 x 64 block of C stays in registers over the whole K loop.
+template <bool kAccumulate, bool kTransA>
+TEFL_BF16_TARGET void DotGemm(const uint32_t* __restrict A, size_t lda, const uint32_t* __restrict B, size_t ldb,
+                              float* __restrict C, size_t ldc, size_t M, size_t N, size_t Kp, float alpha) {
+  const size_t rs = kTransA ? 1 : lda, ks = kTransA ? lda : 1;
+  const __m512 va = _mm512_set1_ps(alpha);
+  for (size_t i = 0; i < M; i += 4) {
+    const uint32_t* a0 = A + i * rs;
+    const uint32_t* a1 = a0 + rs;
+    const uint32_t* a2 = a1 + rs;
+    const uint32_t* a3 = a2 + rs;
+    for (size_t j = 0; j < N; j += kDotCols) {
+      __m512 c00 = _mm512_setzero_ps(), c01 = c00, c02 = c00, c03 = c00, c10 = c00, c11 = c00, c12 = c00, c13 = c00;
+      __m512 c20 = c00, c21 = c00, c22 = c00, c23 = c00, c30 = c00, c31 = c00, c32 = c00, c33 = c00;
+      const uint32_t* b = B + j;
+      for (size_t p = 0; p < Kp; ++p, b += ldb) {
+        const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b), b1 = (__m512bh)_mm512_loadu_si512(b + 16);
+        const __m512bh b2 = (__m512bh)_mm512_loadu_si512(b + 32), b3 = (__m512bh)_mm512_loadu_si512(b + 48);
+#define TEFL_DOT_ROW(r)                                                   \
+  {                                                                       \
+    const __m512bh av = (__m512bh)_mm512_set1_epi32(int(a##r[p * ks])); \
+    c##r##0 = _mm512_dpbf16_ps(c##r##0, av, b0);                          \
+    c##r##1 = _mm512_dpbf16_ps(c##r##1, av, b1);                          \
+    c##r##2 = _mm512_dpbf16_ps(c##r##2, av, b2);                          \
+    c##r##3 = _mm512_dpbf16_ps(c##r##3, av, b3);                          \
+  }
+        TEFL_DOT_ROW(0)
+        TEFL_DOT_ROW(1)
+        TEFL_DOT_ROW(2)
+        TEFL_DOT_ROW(3)
+#undef TEFL_DOT_ROW
+      }
+#define TEFL_DOT_STORE(r, q)                                                     \
+  {                                                                              \
+    float* dst = C + (i + r) * ldc + j + 16 * q;                                 \
+    __m512 v = _mm512_mul_ps(c##r##q, va);                                       \
+    if (kAccumulate) v = _mm512_add_ps(v, _mm512_loadu_ps(dst));                 \
+    _mm512_storeu_ps(dst, v);                                                    \
+  }
+      TEFL_DOT_STORE(0, 0) TEFL_DOT_STORE(0, 1) TEFL_DOT_STORE(0, 2) TEFL_DOT_STORE(0, 3)
+      TEFL_DOT_STORE(1, 0) TEFL_DOT_STORE(1, 1) TEFL_DOT_STORE(1, 2) TEFL_DOT_STORE(1, 3)
+      TEFL_DOT_STORE(2, 0) TEFL_DOT_STORE(2, 1) TEFL_DOT_STORE(2, 2) TEFL_DOT_STORE(2, 3)
+      TEFL_DOT_STORE(3, 0) TEFL_DOT_STORE(3, 1) TEFL_DOT_STORE(3, 2) TEFL_DOT_STORE(3, 3)
+#undef TEFL_DOT_STORE
+    }
+  }
+}
+
+// From the fp32 P' (s) and dS (dp) tiles [M x kBk] (M even, np % 16 == 0):
+// pp[(r / 2) * kBk + j] = the bf16 pair (P'[r][j], P'[r + 1][j]), dsp the
+// same of dS, and dsr = dS rows as bf16 (row r: words [r * kBk / 2, ...)).
+TEFL_BF16_TARGET inline void TileToBf16(const float* s, const float* dp, int64_t M, int64_t np, uint32_t* pp,
+                                        uint32_t* dsp, uint32_t* dsr) {
+  for (int64_t r = 0; r < M; r += 2) {
+    for (int64_t j = 0; j < np; j += 16) {
+      const __m256i p0 = (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(s + r * kBk + j));
+      const __m256i p1 = (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(s + (r + 1) * kBk + j));
+      const __m256i d0 = (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(dp + r * kBk + j));
+      const __m256i d1 = (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(dp + (r + 1) * kBk + j));
+      _mm512_storeu_si512(pp + (r / 2) * kBk + j,
+                          _mm512_or_si512(_mm512_cvtepu16_epi32(p0), _mm512_slli_epi32(_mm512_cvtepu16_epi32(p1), 16)));
+      _mm512_storeu_si512(dsp + (r / 2) * kBk + j,
+                          _mm512_or_si512(_mm512_cvtepu16_epi32(d0), _mm512_slli_epi32(_mm512_cvtepu16_epi32(d1), 16)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dsr + r * (kBk / 2) + j / 2), d0);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dsr + (r + 1) * (kBk / 2) + j / 2), d1);
+    }
+  }
+}
+
+// dst row r (words [r * kBk / 2, ...)) = the first np floats of s row r as
+// bf16 (M rows of kBk floats, np % 16 == 0).
+TEFL_BF16_TARGET inline void RowsToBf16(const float* s, int64_t M, int64_t np, uint32_t* dst) {
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t j = 0; j < np; j += 16)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + r * (kBk / 2) + j / 2),
+                          (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(s + r * kBk + j)));
+}
+#pragma GCC diagnostic pop
+#else
+#define TEFL_ATTN_BF16DOT 0
+#endif
+
+// Words of one query item's bf16 slot: q rows [kBq x dqkp] as words of
+// consecutive channels, q pairs [kBq / 2 x dqkp] (rows 2p, 2p + 1 per word),
+// then the same two of d_o with dvp.
+inline int64_t SlotWords(int64_t dqkp, int64_t dvp) { return kBq * (dqkp + dvp); }
+
+// Element x of row r of one head of a bf16 tensor (0 outside [n) x [d)).
+struct Bf16Rows {
+  const uint16_t* base;
+  int64_t off[kBq > kBk ? kBq : kBk];
+  int64_t n, d;
+  uint32_t At(int64_t r, int64_t x) const { return r < n && x < d ? base[off[r] + x] : 0u; }
+  uint32_t Pair(int64_t r, int64_t x) const { return At(r, x) | (At(r, x + 1) << 16); }     // along channels
+  uint32_t Pair2(int64_t r, int64_t x) const { return At(r, x) | (At(r + 1, x) << 16); }    // along rows
+};
+
+// Fills the slot of query block (bi, h, rows [i0, i0 + n)).
+inline void PackQSlotBf16(const AttnCtx& c, int64_t bi, int64_t h, int64_t i0, int64_t n, uint32_t* slot) {
+  const AttnGeometry& g = c.g;
+  const int64_t dqkp = c.dqkp, dvp = c.dvp;
+  Bf16Rows q{static_cast<const uint16_t*>(c.q), {}, n, g.dqk};
+  Bf16Rows o{static_cast<const uint16_t*>(c.d_o), {}, n, g.dv};
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t t = g.token_q(bi, i0 + r);
+    q.off[r] = AttnGeometry::At(t, h, g.hq, g.dqk);
+    o.off[r] = AttnGeometry::At(t, h, g.hq, g.dv);
+  }
+  uint32_t* qrow = slot;
+  uint32_t* qpair = qrow + kBq * dqkp / 2;
+  uint32_t* orow = qpair + kBq / 2 * dqkp;
+  uint32_t* opair = orow + kBq * dvp / 2;
+  for (int64_t r = 0; r < kBq; ++r)
+    for (int64_t p = 0; p < dqkp / 2; ++p) qrow[r * dqkp / 2 + p] = q.Pair(r, 2 * p);
+  for (int64_t p = 0; p < kBq / 2; ++p)
+    for (int64_t x = 0; x < dqkp; ++x) qpair[p * dqkp + x] = q.Pair2(2 * p, x);
+  for (int64_t r = 0; r < kBq; ++r)
+    for (int64_t p = 0; p < dvp / 2; ++p) orow[r * dvp / 2 + p] = o.Pair(r, 2 * p);
+  for (int64_t p = 0; p < kBq / 2; ++p)
+    for (int64_t x = 0; x < dvp; ++x) opair[p * dvp + x] = o.Pair2(2 * p, x);
+}
+
+// The key block (bi, hk, keys [j0, j0 + nk)): ktp [dqkp / 2 x kBk] (word
+// (p, j) = channels 2p, 2p + 1 of key j), vtp [dvp / 2 x kBk] the same of v,
+// kpair [kBk / 2 x dqkp] (word (p, x) = channel x of keys 2p, 2p + 1).
+inline void PackKBlockBf16(const AttnCtx& c, int64_t bi, int64_t hk, int64_t j0, int64_t nk, uint32_t* ktp,
+                           uint32_t* vtp, uint32_t* kpair) {
+  const AttnGeometry& g = c.g;
+  Bf16Rows k{static_cast<const uint16_t*>(c.k), {}, nk, g.dqk};
+  Bf16Rows v{static_cast<const uint16_t*>(c.v), {}, nk, g.dv};
+  for (int64_t r = 0; r < nk; ++r) {
+    const int64_t t = g.token_kv(bi, j0 + r);
+    k.off[r] = AttnGeometry::At(t, hk, g.hkv, g.dqk);
+    v.off[r] = AttnGeometry::At(t, hk, g.hkv, g.dv);
+  }
+  for (int64_t p = 0; p < c.dqkp / 2; ++p)
+    for (int64_t j = 0; j < kBk; ++j) ktp[p * kBk + j] = k.Pair(j, 2 * p);
+  for (int64_t p = 0; p < c.dvp / 2; ++p)
+    for (int64_t j = 0; j < kBk; ++j) vtp[p * kBk + j] = v.Pair(j, 2 * p);
+  for (int64_t p = 0; p < kBk / 2; ++p)
+    for (int64_t x = 0; x < c.dqkp; ++x) kpair[p * c.dqkp + x] = k.Pair2(2 * p, x);
+}
+
+// The forward's key tile: ktp [dqkp / 2 x kBk] as above, then vpair
+// [kBk / 2 x dvp] (word (p, x) = channel x of values 2p, 2p + 1).
+inline void PackKvTileBf16(const AttnCtx& c, int64_t bi, int64_t hk, int64_t j0, int64_t nk, uint32_t* ktp,
+                           uint32_t* vpair) {
+  const AttnGeometry& g = c.g;
+  Bf16Rows k{static_cast<const uint16_t*>(c.k), {}, nk, g.dqk};
+  Bf16Rows v{static_cast<const uint16_t*>(c.v), {}, nk, g.dv};
+  for (int64_t r = 0; r < nk; ++r) {
+    const int64_t t = g.token_kv(bi, j0 + r);
+    k.off[r] = AttnGeometry::At(t, hk, g.hkv, g.dqk);
+    v.off[r] = AttnGeometry::At(t, hk, g.hkv, g.dv);
+  }
+  for (int64_t p = 0; p < c.dqkp / 2; ++p)
+    for (int64_t j = 0; j < kBk; ++j) ktp[p * kBk + j] = k.Pair(j, 2 * p);
+  for (int64_t p = 0; p < kBk / 2; ++p)
+    for (int64_t x = 0; x < c.dvp; ++x) vpair[p * c.dvp + x] = v.Pair2(2 * p, x);
+}
+
+// q rows [i0, i0 + n) of (bi, h) as words of channel pairs [rows x dqkp / 2]
+// (rows [n, rows) zero).
+inline void PackQRowsBf16(const AttnCtx& c, int64_t bi, int64_t h, int64_t i0, int64_t n, int64_t rows,
+                          uint32_t* dst) {
+  const AttnGeometry& g = c.g;
+  Bf16Rows q{static_cast<const uint16_t*>(c.q), {}, n, g.dqk};
+  for (int64_t r = 0; r < n; ++r) q.off[r] = AttnGeometry::At(g.token_q(bi, i0 + r), h, g.hq, g.dqk);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t p = 0; p < c.dqkp / 2; ++p) dst[r * c.dqkp / 2 + p] = q.Pair(r, 2 * p);
 }
 
 }  // namespace
@@ -263,7 +493,26 @@ struct Scratch {
   hwy::AlignedFreeUniquePtr<float[]> mem;
   float *qs, *dos, *kt, *vt, *vrow, *krow, *s, *dp, *acc, *acc2, *acc3, *tmp, *m, *l, *z, *lse, *drow;
   int64_t lo[kBq], hi[kBq];
+  // The bf16 path's key block and tile operands (words of 2 bf16).
+  hwy::AlignedFreeUniquePtr<uint32_t[]> words;
+  uint32_t *ktp = nullptr, *vtp = nullptr, *kpair = nullptr, *pp = nullptr, *dsp = nullptr, *dsr = nullptr;
+  uint32_t* qw = nullptr;  // forward: the q block's words [kBq x dqkp / 2]
   explicit Scratch(const AttnCtx& c) {
+    if (c.bf16dot) {
+      const size_t ws[] = {size_t(c.dqkp / 2 * kBk), size_t(c.dvp / 2 * kBk), size_t(kBk / 2 * c.dqkp),
+                           size_t(kBq / 2 * kBk),    size_t(kBq / 2 * kBk),   size_t(kBq * kBk / 2),
+                           size_t(kBq * c.dqkp / 2)};
+      size_t wt = 0;
+      for (size_t s_ : ws) wt += (s_ + 15) / 16 * 16;
+      words = hwy::AllocateAligned<uint32_t>(wt);
+      if (!words) throw std::bad_alloc();
+      uint32_t** wp[] = {&ktp, &vtp, &kpair, &pp, &dsp, &dsr, &qw};
+      uint32_t* q = words.get();
+      for (size_t i = 0; i < 7; ++i) {
+        *wp[i] = q;
+        q += (ws[i] + 15) / 16 * 16;
+      }
+    }
     const int64_t dmax = std::max(c.g.dqk, c.g.dv), pmax = std::max(c.dqkp, c.dvp);
     const size_t sizes[] = {size_t(kBq * c.dqkp), size_t(kBq * c.dvp),  size_t(dmax * kBk), size_t(dmax * kBk),
                             size_t(kBk * c.dvp),  size_t(kBk * c.dqkp), size_t(kBq * kBk),  size_t(kBq * kBk),
@@ -344,8 +593,13 @@ void FwdItem(const AttnCtx& c, const Item& it, Scratch& w) {
     if (w.lo[r] < w.hi[r]) klo = std::min(klo, w.lo[r]), khi = std::max(khi, w.hi[r]);
   }
   const float scale = float(g.scale);
-  PackRows(
-      c, c.q, [&](int64_t r) { return g.token_q(bi, i0 + r); }, h, g.hq, g.dqk, n, M, scale, w.qs, c.dqkp);
+#if TEFL_ATTN_BF16DOT
+  if (c.bf16dot)
+    PackQRowsBf16(c, bi, h, i0, n, M, w.qw);
+  else
+#endif
+    PackRows(
+        c, c.q, [&](int64_t r) { return g.token_q(bi, i0 + r); }, h, g.hq, g.dqk, n, M, scale, w.qs, c.dqkp);
   float extra;
   const bool has_extra = ExtraLogit(c, h, &extra);
   for (int64_t r = 0; r < M; ++r) {
@@ -355,10 +609,21 @@ void FwdItem(const AttnCtx& c, const Item& it, Scratch& w) {
   std::memset(w.acc, 0, size_t(M * c.dvp) * sizeof(float));
 
   for (int64_t j0 = klo / kBk * kBk; j0 < khi; j0 += kBk) {
-    const int64_t nk = std::min(kBk, khi - j0), np = RoundUp(nk, G);
+    const int64_t nk = std::min(kBk, khi - j0);
     const float* kt = c.Tile(bi, hk, j0);
     const float* vrow = kt + g.dqk * kBk;
-    Gemm<false>(w.qs, size_t(c.dqkp), kt, kBk, w.s, kBk, size_t(M), size_t(np), size_t(g.dqk));
+#if TEFL_ATTN_BF16DOT
+    // bf16 dot path: the tile holds words (ktp, then vpair; PackKvItem).
+    const int64_t np = c.bf16dot ? RoundUp(nk, int64_t(kDotCols)) : RoundUp(nk, G);
+    const uint32_t* ktp = reinterpret_cast<const uint32_t*>(kt);
+    if (c.bf16dot)
+      DotGemm<false, false>(w.qw, size_t(c.dqkp / 2), ktp, kBk, w.s, kBk, size_t(M), size_t(np), size_t(c.dqkp / 2),
+                            scale);
+    else
+#else
+    const int64_t np = RoundUp(nk, G);
+#endif
+      Gemm<false>(w.qs, size_t(c.dqkp), kt, kBk, w.s, kBk, size_t(M), size_t(np), size_t(g.dqk));
     for (int64_t r = 0; r < M; ++r) {
       float* HWY_RESTRICT row = w.s + r * kBk;
       const int64_t a = r < n ? w.lo[r] - j0 : 0, e = r < n ? w.hi[r] - j0 : 0;
@@ -401,6 +666,14 @@ void FwdItem(const AttnCtx& c, const Item& it, Scratch& w) {
         for (int64_t x = 0; x < c.dvp; x += L) hn::StoreU(hn::Mul(hn::LoadU(df, o + x), vc), df, o + x);
       }
     }
+#if TEFL_ATTN_BF16DOT
+    if (c.bf16dot) {  // O += P V with P rounded to bf16
+      RowsToBf16(w.s, M, np, w.dsr);
+      DotGemm<true, false>(w.dsr, kBk / 2, ktp + c.dqkp / 2 * kBk, size_t(c.dvp), w.acc, size_t(c.dvp), size_t(M),
+                           size_t(c.dvp), size_t(np / 2), 1.0f);
+      continue;
+    }
+#endif
     Gemm<true>(w.s, kBk, vrow, size_t(c.dvp), w.acc, size_t(c.dvp), size_t(M), size_t(c.dvp), size_t(np));
   }
   for (int64_t r = 0; r < n; ++r) {
@@ -424,6 +697,13 @@ void PackKvItem(const AttnCtx& c, const Item& it, Scratch& w) {
   float* kt = const_cast<float*>(c.Tile(bi, hk, j0));
   float* vrow = kt + g.dqk * kBk;
   const int64_t n = std::clamp(g.len_kv(bi) - j0, int64_t(0), kBk);
+#if TEFL_ATTN_BF16DOT
+  if (c.bf16dot) {
+    uint32_t* ktp = reinterpret_cast<uint32_t*>(kt);
+    PackKvTileBf16(c, bi, hk, j0, n, ktp, ktp + c.dqkp / 2 * kBk);
+    return;
+  }
+#endif
   std::memset(kt, 0, size_t(c.tile_floats) * sizeof(float));
   auto tok = [&](int64_t r) { return g.token_kv(bi, j0 + r); };
   PackTransposed(c, c.k, tok, hk, g.hkv, g.dqk, n, kBk, w.tmp, kt);
@@ -450,12 +730,21 @@ void DRowsItem(const AttnCtx& c, const Item& it, Scratch& w) {
   const float scale = float(g.scale);
   for (int64_t r = 0; r < n; ++r) {
     const int64_t tok = g.token_q(bi, i0 + r), si = g.stat_index(bi, h, i0 + r);
+    const int64_t off = AttnGeometry::At(tok, h, g.hq, g.dv);
+    if (c.bf16dot) {  // D only (q / d_o go to the item's slot below)
+      float* dos = w.tmp + kBk * kBq;
+      LoadRow(c.o, c.t, off, g.dv, w.tmp);
+      LoadRow(c.d_o, c.t, off, g.dv, dos);
+      double d = 0.0;
+      for (int64_t x = 0; x < g.dv; ++x) d += double(w.tmp[x]) * double(dos[x]);
+      c.drow[si] = float(d);
+      continue;
+    }
     float* HWY_RESTRICT qs = c.qs_all + si * c.dqkp;
     float* HWY_RESTRICT dos = c.do_all + si * c.dvp;
     LoadRow(c.q, c.t, AttnGeometry::At(tok, h, g.hq, g.dqk), g.dqk, qs);
     for (int64_t x = 0; x < g.dqk; ++x) qs[x] *= scale;
     for (int64_t x = g.dqk; x < c.dqkp; ++x) qs[x] = 0.0f;
-    const int64_t off = AttnGeometry::At(tok, h, g.hq, g.dv);
     LoadRow(c.o, c.t, off, g.dv, w.tmp);
     LoadRow(c.d_o, c.t, off, g.dv, dos);
     for (int64_t x = g.dv; x < c.dvp; ++x) dos[x] = 0.0f;
@@ -467,7 +756,14 @@ void DRowsItem(const AttnCtx& c, const Item& it, Scratch& w) {
 
 void DRowsRange(const AttnCtx* c, int64_t begin, int64_t end) {
   Scratch w(*c);
-  for (int64_t i = begin; i < end; ++i) DRowsItem(*c, c->items[i], w);
+  for (int64_t i = begin; i < end; ++i) {
+    DRowsItem(*c, c->items[i], w);
+    if (c->bf16dot) {
+      const Item& it = c->items[i];
+      const int64_t n = std::clamp(c->g.len_q(it.b) - it.start, int64_t(0), kBq);
+      PackQSlotBf16(*c, it.b, it.h, it.start, n, c->q16 + i * c->slot_words);
+    }
+  }
 }
 
 // The elementwise step of a (query block, key tile) pair: from S (scores)
@@ -524,8 +820,63 @@ HWY_INLINE bool LoadRowState(const AttnCtx& c, Scratch& w, int64_t bi, int64_t h
   return any;
 }
 
-// dK, dV of one key block of one (sequence, kv head).
-// dK, dV of one key block of one (sequence, kv head), and this block's
+#if TEFL_ATTN_BF16DOT
+// BwdKvItem on vdpbf16ps (bf16 inputs, see "bf16 dot products"): S = scale
+// Q K^T and dP = dO V^T from the exact bf16 operands, the elementwise step
+// in fp32, then P' and dS rounded to bf16 for dQ += dS K, dV^T += dO^T P'
+// and dK^T += Q^T dS (the transposes accumulate [d x keys], so each product
+// takes the row-pair words the elementwise step writes).
+void BwdKvItemBf16(const AttnCtx& c, Scratch& w, int64_t bi, int64_t hk, int64_t j0, int64_t nk,
+                   float* dq_partial) {
+  const AttnGeometry& g = c.g;
+  const int64_t np = RoundUp(nk, int64_t(kDotCols)), dqkp = c.dqkp, dvp = c.dvp;
+  PackKBlockBf16(c, bi, hk, j0, nk, w.ktp, w.vtp, w.kpair);
+  float* dkt = w.acc;   // [dqkp x kBk]
+  float* dvt = w.acc2;  // [dvp x kBk]
+  std::memset(dkt, 0, size_t(dqkp * kBk) * sizeof(float));
+  std::memset(dvt, 0, size_t(dvp * kBk) * sizeof(float));
+  const float scale = float(g.scale);
+  const int64_t group = g.hq / g.hkv, lq = g.len_q(bi), nblk = (g.rows_q(bi) + kBq - 1) / kBq;
+  for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+    for (int64_t i0 = 0; i0 < lq; i0 += kBq) {
+      const int64_t n = std::min(kBq, lq - i0), M = RoundUp(n, 4);
+      if (!LoadRowState(c, w, bi, h, i0, n, j0, j0 + nk)) continue;
+      const uint32_t* qrow = c.q16 + (c.first_qblk[bi] + h * nblk + i0 / kBq) * c.slot_words;
+      const uint32_t* qpair = qrow + kBq * dqkp / 2;
+      const uint32_t* orow = qpair + kBq / 2 * dqkp;
+      const uint32_t* opair = orow + kBq * dvp / 2;
+      float* dq_rows = dq_partial + g.stat_index(bi, h, i0) * dqkp;
+      DotGemm<false, false>(qrow, size_t(dqkp / 2), w.ktp, kBk, w.s, kBk, size_t(M), size_t(np), size_t(dqkp / 2),
+                            scale);
+      DotGemm<false, false>(orow, size_t(dvp / 2), w.vtp, kBk, w.dp, kBk, size_t(M), size_t(np), size_t(dvp / 2),
+                            1.0f);
+      BwdElementwise(c, w, bi, h, i0, n, M, j0, nk, np);
+      TileToBf16(w.s, w.dp, M, np, w.pp, w.dsp, w.dsr);
+      // dQ / scale += dS K for these rows (into the chunk's partial).
+      if (n == M) {
+        DotGemm<true, false>(w.dsr, kBk / 2, w.kpair, size_t(dqkp), dq_rows, size_t(dqkp), size_t(M), size_t(dqkp),
+                             size_t(np / 2), 1.0f);
+      } else {
+        DotGemm<false, false>(w.dsr, kBk / 2, w.kpair, size_t(dqkp), w.acc3, size_t(dqkp), size_t(M), size_t(dqkp),
+                              size_t(np / 2), 1.0f);
+        for (int64_t x = 0; x < n * dqkp; ++x) dq_rows[x] += w.acc3[x];
+      }
+      DotGemm<true, true>(opair, size_t(dvp), w.pp, kBk, dvt, kBk, size_t(dvp), size_t(np), size_t(M / 2), 1.0f);
+      DotGemm<true, true>(qpair, size_t(dqkp), w.dsp, kBk, dkt, kBk, size_t(dqkp), size_t(np), size_t(M / 2), 1.0f);
+    }
+  }
+  float* row = w.tmp;
+  for (int64_t r = 0; r < nk; ++r) {
+    const int64_t t = g.token_kv(bi, j0 + r);
+    for (int64_t x = 0; x < g.dqk; ++x) row[x] = dkt[x * kBk + r];
+    StoreRow(row, scale, c.t, c.dk, AttnGeometry::At(t, hk, g.hkv, g.dqk), g.dqk);
+    for (int64_t x = 0; x < g.dv; ++x) row[x] = dvt[x * kBk + r];
+    StoreRow(row, 1.0f, c.t, c.dv, AttnGeometry::At(t, hk, g.hkv, g.dv), g.dv);
+  }
+}
+#endif
+
+// dK, dV of one (sequence, kv head), and this block's
 // contribution to dQ / scale added into `dq_partial` (fp32, q's layout).
 void BwdKvItem(const AttnCtx& c, const Item& it, Scratch& w, float* dq_partial) {
   const int64_t G = int64_t(Group());
@@ -538,6 +889,9 @@ void BwdKvItem(const AttnCtx& c, const Item& it, Scratch& w, float* dq_partial) 
     ZeroRow(c.t, c.dv, AttnGeometry::At(g.token_kv(bi, j), hk, g.hkv, g.dv), g.dv);
   }
   if (nk == 0) return;
+#if TEFL_ATTN_BF16DOT
+  if (c.bf16dot) return BwdKvItemBf16(c, w, bi, hk, j0, nk, dq_partial);
+#endif
   const int64_t np = RoundUp(nk, G);
   auto tok = [&](int64_t r) { return g.token_kv(bi, j0 + r); };
   PackTransposed(c, c.k, tok, hk, g.hkv, g.dqk, nk, np, w.tmp, w.kt);
@@ -722,7 +1076,16 @@ tefl_status* AttnFwd(const tefl_call_frame* f, void*) {
     for (int64_t bi = 0; bi < c.g.b; ++bi)
       first_tile[size_t(bi) + 1] = first_tile[size_t(bi)] + (c.g.rows_kv(bi) + kBk - 1) / kBk;
     c.first_tile = first_tile.data();
-    c.tile_floats = (c.g.dqk * kBk + kBk * c.dvp + 15) / 16 * 16;
+#if TEFL_ATTN_BF16DOT
+    if (t == DType::kBF16 && CpuHasBf16Dot() && c.dqkp % int64_t(kDotCols) == 0 && c.dvp % int64_t(kDotCols) == 0) {
+      const char* env = std::getenv("TEFL_PORTABLE_ATTN_BF16DOT");
+      c.bf16dot = !(env && env[0] == '0') && !AnySubnormalBf16(c.q, NumElements(in[0])) &&
+                  !AnySubnormalBf16(c.k, NumElements(in[1])) && !AnySubnormalBf16(c.v, NumElements(in[2]));
+    }
+#endif
+    // fp32 tiles, or on the bf16 dot path words: ktp [dqkp / 2 x kBk], vpair [kBk / 2 x dvp].
+    c.tile_floats = c.bf16dot ? (c.dqkp / 2 * kBk + kBk / 2 * c.dvp + 15) / 16 * 16
+                              : (c.g.dqk * kBk + kBk * c.dvp + 15) / 16 * 16;
     const int64_t tiles = first_tile.back() * c.g.hkv;
     auto kv_pack = hwy::AllocateAligned<float>(size_t(std::max<int64_t>(tiles, 1) * c.tile_floats));
     if (!kv_pack) return Status(f, TEFL_INTERNAL, "out of memory for the packed k/v tiles");
@@ -763,17 +1126,38 @@ tefl_status* AttnBwd(const tefl_call_frame* f, void*) {
     c.dq = DataPtr(out[0]);
     c.dk = DataPtr(out[1]);
     c.dv = DataPtr(out[2]);
-    // Per query row (stats index): D, and q (times scale) and d_o packed to fp32.
+    const std::vector<Item> q_items = Items(c.g, c.g.hq, false, kBq);
+    // Per query row (stats index): D, and q (times scale) and d_o packed to
+    // fp32; on the bf16 dot path q / d_o packed to bf16 words per query item.
     const int64_t rows = NumElements(in[5]);
     std::vector<float> drow(size_t(rows), 0.0f);
     c.drow = drow.data();
-    auto qs_all = hwy::AllocateAligned<float>(size_t(std::max<int64_t>(rows, 1) * c.dqkp));
-    auto do_all = hwy::AllocateAligned<float>(size_t(std::max<int64_t>(rows, 1) * c.dvp));
+    std::vector<int64_t> first_qblk(size_t(c.g.b) + 1, 0);
+    hwy::AlignedFreeUniquePtr<uint32_t[]> q16;
+#if TEFL_ATTN_BF16DOT
+    if (t == DType::kBF16 && CpuHasBf16Dot() && c.dqkp % int64_t(kDotCols) == 0 && c.dvp % int64_t(kDotCols) == 0) {
+      const char* env = std::getenv("TEFL_PORTABLE_ATTN_BF16DOT");
+      c.bf16dot = !(env && env[0] == '0') && !AnySubnormalBf16(c.q, NumElements(in[0])) &&
+                  !AnySubnormalBf16(c.k, NumElements(in[1])) && !AnySubnormalBf16(c.v, NumElements(in[2])) &&
+                  !AnySubnormalBf16(c.d_o, NumElements(in[4]));
+    }
+#endif
+    const int64_t rows_packed = c.bf16dot ? 1 : std::max<int64_t>(rows, 1);
+    auto qs_all = hwy::AllocateAligned<float>(size_t(rows_packed * c.dqkp));
+    auto do_all = hwy::AllocateAligned<float>(size_t(rows_packed * c.dvp));
     if (!qs_all || !do_all) return Status(f, TEFL_INTERNAL, "out of memory for the packed q/d_o rows");
     c.qs_all = qs_all.get();
     c.do_all = do_all.get();
+    if (c.bf16dot) {
+      for (int64_t bi = 0; bi < c.g.b; ++bi)
+        first_qblk[size_t(bi) + 1] = first_qblk[size_t(bi)] + c.g.hq * ((c.g.rows_q(bi) + kBq - 1) / kBq);
+      c.first_qblk = first_qblk.data();
+      c.slot_words = SlotWords(c.dqkp, c.dvp);
+      q16 = hwy::AllocateAligned<uint32_t>(size_t(std::max<int64_t>(int64_t(q_items.size()), 1) * c.slot_words));
+      if (!q16) return Status(f, TEFL_INTERNAL, "out of memory for the packed q/d_o rows");
+      c.q16 = q16.get();
+    }
 
-    const std::vector<Item> q_items = Items(c.g, c.g.hq, false, kBq);
     const std::vector<Item> kv_items = Items(c.g, c.g.hkv, true, kBk);
     if (!q_items.empty()) {
       c.items = q_items.data();
