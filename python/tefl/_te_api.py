@@ -228,8 +228,9 @@ def attention_backend(attention_params=None, manager=None) -> Dict[str, Any]:
         "dropout": float(_param(p, "attention_dropout", "dropout", default=0.0) or 0.0),
         "is_training": bool(_param(p, "is_training", default=False)),
     }
-    if params["qkv_format"] == 2 and params["seqlen_q"] % max(params["batch"], 1):
-        # thd without lengths: tefl assumes equal sequences; TE's max_seqlen is per sequence
+    if params["qkv_format"] == 2 and _param(p, "max_seqlen_q") is not None:
+        # thd: TE's max_seqlen_q/kv are per sequence, tefl's seqlen the total
+        # tokens; without lengths, assume batch sequences of max_seqlen each.
         params["seqlen_q"] *= params["batch"]
         params["seqlen_kv"] *= params["batch"]
     core_mgr = mgr._m

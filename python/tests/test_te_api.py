@@ -104,6 +104,9 @@ def test_get_attention_backend_follows_the_policy_and_explains():
     assert use_flash and backend == "default.portable" and not use_fused and not use_unfused
     with tefl.policy_context(tefl.SelectionPolicy(prefer="reference")):
         assert tefl.get_attention_backend(params)[1] == "reference.cpp"
+    thd = dict(params, qkv_format="thd_thd_thd", attn_mask_type="padding_causal")  # max_seqlen per sequence
+    assert tefl.get_attention_backend(thd)[:2] == (True, "default.portable")
+    assert tefl.attention_backend(thd)["signature"].startswith("q:bfloat16[3d]")
     bad = dict(params, num_gqa_groups=3)  # 3 does not divide 8
     assert tefl.get_attention_backend(bad) == (False, None, False, None, True, [False, False, True])
     why = tefl.attention_backend(bad)
