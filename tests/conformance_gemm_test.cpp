@@ -568,6 +568,22 @@ TEST(GemmConformanceSpecial, SubnormalBf16Inputs) {
   EXPECT_GT(sum, 1.0) << "the products of subnormal A and large B are not negligible";
 }
 
+// The same past the first 2048-value blocks of the vectorised scan: B's
+// first 4096 values are 0, the rest subnormal.
+TEST(GemmConformanceSpecial, SubnormalBf16InputsLarge) {
+  const int64_t m = 96, n = 64, k = 96;
+  Problem p = MakeGemm({DType::kBF16, DType::kBF16, DType::kF32}, kEpilogues[0], m, n, k, false, false, "subn2");
+  for (int64_t i = 0; i < m * k; ++i) p.in[kA]->set(i, p.in[kA]->at(i) * 1e38);
+  for (int64_t i = 0; i < k * n; ++i) p.in[kB]->set(i, i < 4096 ? 0.0 : p.in[kB]->at(i) * 1e-39);  // subnormal
+  p.magnitude = MagnitudeOf(p, m, n, k);
+  CheckAll(p);
+  Problem ref = p;
+  ASSERT_TRUE(ref.Run(kReference).ok());
+  double sum = 0;
+  for (int64_t i = 0; i < m * n; ++i) sum += std::fabs(ref.out[kD]->at(i));
+  EXPECT_GT(sum, 1.0) << "the products of large A and subnormal B are not negligible";
+}
+
 // ---- te_general_grouped_gemm ------------------------------------------------------
 struct GroupedCase {
   DType t, td;

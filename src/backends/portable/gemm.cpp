@@ -501,11 +501,47 @@ void Bf16DirectBody(void* ctx, int64_t begin, int64_t end) {
 }
 
 // Whether n bf16 values hold a subnormal (vdpbf16ps would read it as 0).
-bool AnySubnormalBf16(const void* p, int64_t n) {
+// Only called where CpuHasBf16Dot() (so AVX512-BW) holds. A value is
+// subnormal iff its magnitude bits e = h & 0x7FFF satisfy 0 < e < 0x80, i.e.
+// (e - 1) < 0x7F unsigned; 32 values per compare, exits at the first 4 KiB
+// block with a hit.
+__attribute__((target("avx512f,avx512bw"))) bool AnySubnormalBf16(const void* p, int64_t n) {
   const auto* h = static_cast<const uint16_t*>(p);
+  const __m512i mag = _mm512_set1_epi16(0x7FFF), one = _mm512_set1_epi16(1), lim = _mm512_set1_epi16(0x7F);
+  int64_t i = 0;
+  constexpr int64_t kBlock = 2048;  // values per early-exit check
+  for (; i + kBlock <= n; i += kBlock) {
+    __mmask32 any = 0;
+    for (int64_t j = i; j < i + kBlock; j += 32) {
+      const __m512i e = _mm512_and_si512(_mm512_loadu_si512(h + j), mag);
+      any |= _mm512_cmplt_epu16_mask(_mm512_sub_epi16(e, one), lim);
+    }
+    if (any) return true;
+  }
   bool any = false;
-  for (int64_t i = 0; i < n; ++i) any |= IsSubnormalBf16(h[i]);
+  for (; i < n; ++i) any |= IsSubnormalBf16(h[i]);
   return any;
+}
+
+// The scan of A and B over the host pool: chunks of kScanChunk values, a hit
+// in any chunk sets `hit` (later chunks then skip their work).
+constexpr int64_t kScanChunk = int64_t(1) << 18;
+struct ScanCtx {
+  const uint16_t* a;
+  int64_t na;
+  const uint16_t* b;
+  int64_t nb;
+  std::atomic<bool> hit{false};
+};
+void ScanBody(void* ctx, int64_t begin, int64_t end) {
+  auto& s = *static_cast<ScanCtx*>(ctx);
+  const int64_t a_chunks = (s.na + kScanChunk - 1) / kScanChunk;
+  for (int64_t c = begin; c < end && !s.hit.load(std::memory_order_relaxed); ++c) {
+    const bool in_a = c < a_chunks;
+    const uint16_t* p = in_a ? s.a : s.b;
+    const int64_t n = in_a ? s.na : s.nb, i0 = (in_a ? c : c - a_chunks) * kScanChunk;
+    if (AnySubnormalBf16(p + i0, std::min(kScanChunk, n - i0))) s.hit.store(true, std::memory_order_relaxed);
+  }
 }
 
 // Words of packed operands for an M x N x K bf16 GEMM.
@@ -643,12 +679,19 @@ void Run(const tefl_call_frame* f, const Gemm& g, std::vector<float>& scratch) {
 // The vdpbf16ps path: bf16 A and B, a CPU with avx512_bf16, enough work, and
 // no subnormal input (the scan costs one read of A and B). `groups`: B holds
 // that many [K, N] matrices, A has rows = m_total (grouped GEMM).
-bool UseBf16Path(DType ta, DType tb, int64_t m, int64_t n, int64_t k, const void* a, const void* b, int64_t groups = 1,
-                 int64_t a_rows = -1) {
+bool UseBf16Path(const tefl_call_frame* f, DType ta, DType tb, int64_t m, int64_t n, int64_t k, const void* a,
+                 const void* b, int64_t groups = 1, int64_t a_rows = -1) {
   if (ta != DType::kBF16 || tb != DType::kBF16 || !CpuHasBf16Dot()) return false;
   if (m * n * k < kBf16MinWork) return false;
   const int64_t rows = a_rows >= 0 ? a_rows : m;
-  return !AnySubnormalBf16(a, rows * k) && !AnySubnormalBf16(b, groups * k * n);
+  ScanCtx sc;
+  sc.a = static_cast<const uint16_t*>(a);
+  sc.na = rows * k;
+  sc.b = static_cast<const uint16_t*>(b);
+  sc.nb = groups * k * n;
+  f->host->parallel_for((sc.na + kScanChunk - 1) / kScanChunk + (sc.nb + kScanChunk - 1) / kScanChunk, 1, ScanBody,
+                        &sc);
+  return !sc.hit.load();
 }
 
 // ---- generic_gemm ------------------------------------------------------------------
@@ -681,7 +724,7 @@ tefl_status* GenericGemm(const tefl_call_frame* f, void*) {
     const WorkspaceTrim trim(ws);
     std::vector<float>&abuf = ws.a, &bbuf = ws.b, &biasbuf = ws.bias, &scratch = ws.scratch;
     std::vector<uint32_t>& packed = ws.packed;
-    const bool bf16_path = UseBf16Path(ta, tb, m, n, k, DataPtr(a), DataPtr(b));
+    const bool bf16_path = UseBf16Path(f, ta, tb, m, n, k, DataPtr(a), DataPtr(b));
     if (bf16_path) Grow(packed, Bf16PackedWords(m, n, k));
     const float* a32 = bf16_path ? nullptr : AsF32(f, DataPtr(a), ta, m * k, abuf);
     const float* b32 = bf16_path ? nullptr : AsF32(f, DataPtr(b), tb, k * n, bbuf);
@@ -769,7 +812,7 @@ tefl_status* GroupedGemm(const tefl_call_frame* f, void*) {
     std::vector<uint32_t>& packed = ws.packed;
     int64_t max_m = 0;
     for (int64_t grp = 0; grp < groups; ++grp) max_m = std::max(max_m, splits[grp]);
-    const bool bf16_path = UseBf16Path(ta, tb, max_m, n, k, DataPtr(a), DataPtr(b), groups, rows);
+    const bool bf16_path = UseBf16Path(f, ta, tb, max_m, n, k, DataPtr(a), DataPtr(b), groups, rows);
     if (bf16_path) Grow(packed, Bf16PackedWords(max_m, n, k));
     const float* a32 = bf16_path ? nullptr : AsF32(f, DataPtr(a), ta, rows * k, abuf);
     const float* b32 = bf16_path ? nullptr : AsF32(f, DataPtr(b), tb, groups * k * n, bbuf);
