@@ -266,6 +266,20 @@ HWY_INLINE void RowMeanVar(const T* HWY_RESTRICT x, size_t h, double& mean, doub
   var = std::max(sum_dd * inv_h - dm * dm, 0.0);
 }
 
+// One row's mu (LayerNorm; 0 for RMSNorm) and rsigma = 1/sqrt(var + eps),
+// computed in double and rounded to float once (the kernels store these).
+template <bool kLayerNorm, class T>
+HWY_INLINE void RowStats(const T* HWY_RESTRICT x, size_t h, double eps, float& mu, float& rsigma) {
+  double mean = 0.0, var;
+  if (kLayerNorm) {
+    RowMeanVar(x, h, mean, var);
+  } else {
+    var = RowSumSq(x, h) / double(h);
+  }
+  mu = float(mean);
+  rsigma = float(1.0 / std::sqrt(var + eps));
+}
+
 // ---- Forward -----------------------------------------------------------------
 // x - m when kCenter (LayerNorm), else x (RMSNorm).
 template <bool kCenter, class V>
@@ -287,14 +301,8 @@ HWY_NOINLINE void FwdRowsT(const FwdArgs& a, int64_t r0, int64_t r1) {
     const TX* HWY_RESTRICT x = static_cast<const TX*>(a.x) + size_t(r) * h;
     TZ* HWY_RESTRICT z = static_cast<TZ*>(a.z) + size_t(r) * h;
 
-    double mean = 0.0, var;
-    if (kLayerNorm) {
-      RowMeanVar(x, h, mean, var);
-    } else {
-      var = RowSumSq(x, h) / double(h);
-    }
-    const float mu_f = float(mean);
-    const float rs_f = float(1.0 / std::sqrt(var + a.eps));
+    float mu_f, rs_f;
+    RowStats<kLayerNorm>(x, h, a.eps, mu_f, rs_f);
     if (kLayerNorm) a.mu[r] = mu_f;
     a.rsigma[r] = rs_f;
 
@@ -385,14 +393,8 @@ HWY_NOINLINE void FwdRowsFp8T(const FwdArgs& a, int64_t r0, int64_t r1) {
   for (int64_t r = r0; r < r1; ++r) {
     const TX* HWY_RESTRICT x = static_cast<const TX*>(a.x) + size_t(r) * h;
     uint8_t* HWY_RESTRICT z = static_cast<uint8_t*>(a.z) + size_t(r) * h;
-    double mean = 0.0, var;
-    if (kLayerNorm) {
-      RowMeanVar(x, h, mean, var);
-    } else {
-      var = RowSumSq(x, h) / double(h);
-    }
-    const float mu_f = float(mean);
-    const float rs_f = float(1.0 / std::sqrt(var + a.eps));
+    float mu_f, rs_f;
+    RowStats<kLayerNorm>(x, h, a.eps, mu_f, rs_f);
     if (kLayerNorm) a.mu[r] = mu_f;
     a.rsigma[r] = rs_f;
     const TX* HWY_RESTRICT next = r + 1 < r1 ? x + h : x;
