@@ -1,6 +1,7 @@
 #include "core/validate.h"
 
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 
 #include "core/device.h"
@@ -78,20 +79,6 @@ bool ExactAlias(const DLTensor* a, const DLTensor* b) {
     if (a->shape[d] != b->shape[d]) return false;
     const int64_t sa = a->strides ? a->strides[d] : -1, sb = b->strides ? b->strides[d] : -1;
     if (sa != sb) return false;
-  }
-  return true;
-}
-
-// Overlap screen shared by both paths: false when some output overlaps
-// another argument (the full validation then names the pair, or accepts the
-// op's exact in-place alias).
-inline bool NoOverlap(int nin, int n, const uintptr_t* lo, const uintptr_t* hi) {
-  // Each output against every earlier argument covers every pair that
-  // involves an output once.
-  for (int o = nin; o < n; ++o) {
-    const uintptr_t olo = lo[o], ohi = hi[o];
-    for (int i = 0; i < o; ++i)
-      if (lo[i] < ohi && olo < hi[i]) return false;
   }
   return true;
 }
@@ -293,31 +280,33 @@ tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key,
 
 namespace {
 
-void MemoStore(const OpSchema& op, const CallArgs& args, const SigKey& key, const ByteRanges& ranges,
+// Remembers a validated call in *e; false when it is too big to remember.
+bool MemoStore(const OpSchema& op, const CallArgs& args, const SigKey& key, const ByteRanges& ranges,
                ValidationMemo::Entry* e) {
   const int n = args.num_inputs + args.num_outputs;
-  if (op.attrs_size > ValidationMemo::kMaxAttrBytes) return;
+  if (op.attrs_size > ValidationMemo::kMaxAttrBytes || op.attrs_size % 4 != 0) return false;
   int dims_used = 0;
   for (int i = 0; i < n; ++i) {
     const DLTensor* t = TensorAt(args, i);
     if (t != nullptr) dims_used += t->ndim * (t->strides ? 2 : 1);
   }
-  if (dims_used > ValidationMemo::kMaxDims) return;  // too big to remember: validate every time
-  e->op_id = -1;                                     // invalid while being written
+  if (dims_used > ValidationMemo::kMaxDims) return false;  // too big to remember: validate every time
+  e->op_id = -1;                                           // invalid while being written
+  e->resolution = ValidationMemo::Resolution{};
   dims_used = 0;
   for (int i = 0; i < n; ++i) {
     const DLTensor* t = TensorAt(args, i);
     ValidationMemo::Tensor& m = e->t[i];
     if (t == nullptr) {
-      m = ValidationMemo::Tensor{0, 0, -1, 0, false, 0, 0, 0};
+      m = ValidationMemo::Tensor{0, 0, -1, 0, 0, 0, 0, 0};
       continue;
     }
     std::memcpy(&m.device, &t->device, 8);
     std::memcpy(&m.ndim_dtype, &t->ndim, 8);
     m.ndim = t->ndim;
     m.dims_at = dims_used;
-    m.strided = t->strides != nullptr;
-    m.elem_bytes = uint8_t(t->dtype.bits >= 8 ? t->dtype.bits / 8 : 1);
+    m.strided = t->strides != nullptr ? 1 : 0;
+    m.align_mask = uint64_t(t->dtype.bits >= 8 ? t->dtype.bits / 8 : 1) - 1;
     for (int d = 0; d < t->ndim; ++d) e->dims[dims_used++] = t->shape[d];
     if (m.strided)
       for (int d = 0; d < t->ndim; ++d) e->dims[dims_used++] = t->strides[d];
@@ -331,61 +320,90 @@ void MemoStore(const OpSchema& op, const CallArgs& args, const SigKey& key, cons
   e->key = key;
   e->key.w[0] &= ~kSigInPlaceBit;
   e->op_id = op.id;
+  return true;
+}
+
+// Byte equality of the remembered attributes (size a multiple of 4), without
+// a library call: 8-byte words, then a 4-byte tail.
+inline bool AttrsEqual(const unsigned char* remembered, const void* given, size_t size) {
+  const auto* g = static_cast<const unsigned char*>(given);
+  uint64_t diff = 0;
+  size_t i = 0;
+  for (; i + 8 <= size; i += 8) {
+    uint64_t x, y;
+    std::memcpy(&x, remembered + i, 8);
+    std::memcpy(&y, g + i, 8);
+    diff |= x ^ y;
+  }
+  if (i < size) {
+    uint32_t x, y;
+    std::memcpy(&x, remembered + i, 4);
+    std::memcpy(&y, g + i, 4);
+    diff |= x ^ y;
+  }
+  return diff == 0;
+}
+
+// The hit test of one tensor against its remembered metadata: accumulates
+// any difference into *diff (0 = same) and sets its byte range. Metadata are
+// compared before the shape is read, so a different rank never reads past
+// the caller's shape array.
+inline bool MemoTensorMatches(const DLTensor* t, const ValidationMemo::Tensor& m, const int64_t* dims, uintptr_t* lo,
+                              uintptr_t* hi) {
+  if (t == nullptr) {
+    *lo = *hi = 0;
+    return m.ndim == -1;
+  }
+  uint64_t device, ndim_dtype;
+  std::memcpy(&device, &t->device, 8);
+  static_assert(offsetof(DLTensor, dtype) == offsetof(DLTensor, ndim) + 4, "ndim and dtype are one word");
+  std::memcpy(&ndim_dtype, &t->ndim, 8);
+  if (((device ^ m.device) | (ndim_dtype ^ m.ndim_dtype) | (uint64_t(t->strides != nullptr) ^ m.strided)) != 0 ||
+      m.ndim < 0)
+    return false;
+  const int64_t* here = dims + m.dims_at;
+  uint64_t diff = 0;
+  for (int d = 0; d < m.ndim; ++d) diff |= uint64_t(t->shape[d] ^ here[d]);
+  if (m.strided)
+    for (int d = 0; d < m.ndim; ++d) diff |= uint64_t(t->strides[d] ^ here[m.ndim + d]);
+  const uintptr_t base = reinterpret_cast<uintptr_t>(t->data) + t->byte_offset;
+  const bool non_empty = m.lo_off != m.hi_off;
+  // A non-empty tensor: the pointer checks of ValidateCall (data, alignment).
+  if (non_empty) diff |= uint64_t(t->data == nullptr) | (base & m.align_mask);
+  *lo = non_empty ? base + uintptr_t(m.lo_off) : 0;
+  *hi = non_empty ? base + uintptr_t(m.hi_off) : 0;
+  return diff == 0;
 }
 
 }  // namespace
 
-static_assert(offsetof(DLTensor, dtype) == offsetof(DLTensor, ndim) + 4 && sizeof(DLDataType) == 4,
-              "the memo compares DLTensor's ndim and dtype as one 8-byte word");
-
-tefl_status* ValidateCallMemo(const OpSchema& op, const CallArgs& args, SigKey* key, ValidationMemo* memo) {
+tefl_status* ValidateCallMemo(const OpSchema& op, const CallArgs& args, SigKey* key, ValidationMemo* memo,
+                              ValidationMemo::Entry** entry) {
   const int nin = int(op.inputs.size());
-  const int n = nin + int(op.outputs.size());
+  const int nout = int(op.outputs.size());
   ValidationMemo::Entry& e = memo->entries[size_t(op.id) % ValidationMemo::kSlots];
-  bool hit = e.op_id == op.id && args.num_inputs == nin && args.num_outputs == n - nin && args.inputs != nullptr &&
-             args.outputs != nullptr && (op.attrs_size == 0 || std::memcmp(e.attrs, args.attrs, op.attrs_size) == 0);
   ByteRanges ranges;
-  for (int i = 0; hit && i < n; ++i) {
-    const DLTensor* t = i < nin ? args.inputs[i] : args.outputs[i - nin];
-    const ValidationMemo::Tensor& m = e.t[i];
-    ranges.lo[i] = ranges.hi[i] = 0;
-    if (t == nullptr) {
-      hit = m.ndim == -1;
-      continue;
-    }
-    if (m.ndim == -1) {  // remembered as absent: a present tensor here is a new call
-      hit = false;
-      break;
-    }
-    uint64_t device, ndim_dtype;
-    std::memcpy(&device, &t->device, 8);
-    std::memcpy(&ndim_dtype, &t->ndim, 8);  // ndim and dtype are adjacent (static_assert below)
-    if (device != m.device || ndim_dtype != m.ndim_dtype || (t->strides != nullptr) != m.strided) {
-      hit = false;
-      break;
-    }
-    const int64_t* dims = e.dims + m.dims_at;
-    for (int d = 0; hit && d < m.ndim; ++d) hit = t->shape[d] == dims[d];
-    if (m.strided)
-      for (int d = 0; hit && d < m.ndim; ++d) hit = t->strides[d] == dims[m.ndim + d];
-    if (m.lo_off != m.hi_off) {  // non-empty: the pointer checks of ValidateCall
-      const uintptr_t base = reinterpret_cast<uintptr_t>(t->data) + t->byte_offset;
-      hit &= t->data != nullptr && (base & (m.elem_bytes - 1u)) == 0;
-      ranges.lo[i] = base + uintptr_t(m.lo_off);
-      ranges.hi[i] = base + uintptr_t(m.hi_off);
-    }
-  }
-  if (hit && (!(op.flags & kOpNoAlias) || NoOverlap(nin, n, ranges.lo, ranges.hi))) {
+  bool hit = e.op_id == op.id && args.num_inputs == nin && args.num_outputs == nout && args.inputs != nullptr &&
+             args.outputs != nullptr && (op.attrs_size == 0 || AttrsEqual(e.attrs, args.attrs, op.attrs_size));
+  for (int i = 0; hit && i < nin; ++i)
+    hit = MemoTensorMatches(args.inputs[i], e.t[i], e.dims, &ranges.lo[i], &ranges.hi[i]);
+  for (int o = 0; hit && o < nout; ++o)
+    hit = MemoTensorMatches(args.outputs[o], e.t[nin + o], e.dims, &ranges.lo[nin + o], &ranges.hi[nin + o]);
+  if (hit && (!(op.flags & kOpNoAlias) || NoOverlap(nin, nin + nout, ranges.lo, ranges.hi))) {
     // Tensor contents are not part of the memo: an op that checks them
     // re-runs its check (its errors are the full validation's errors).
     if ((op.flags & kOpChecksData) && op.check_shapes != nullptr) {
       if (tefl_status* err = op.check_shapes(op, args)) return err;
     }
     *key = e.key;
+    if (entry) *entry = &e;
     return nullptr;
   }
   tefl_status* error = ValidateCall(op, args, key, &ranges);
-  if (error == nullptr) MemoStore(op, args, *key, ranges, &e);
+  if (error == nullptr) {
+    const bool stored = MemoStore(op, args, *key, ranges, &e);
+    if (entry) *entry = stored && !(key->w[0] & kSigInPlaceBit) ? &e : nullptr;
+  }
   return error;
 }
 

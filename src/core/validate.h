@@ -58,6 +58,20 @@ struct ByteRanges {
 };
 tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key, ByteRanges* ranges = nullptr);
 
+// Overlap screen of the memo and prepared-call paths: false when some output overlaps
+// another argument (the full validation then names the pair, or accepts the
+// op's exact in-place alias).
+inline bool NoOverlap(int nin, int n, const uintptr_t* lo, const uintptr_t* hi) {
+  // Each output against every earlier argument covers every pair that
+  // involves an output once.
+  for (int o = nin; o < n; ++o) {
+    const uintptr_t olo = lo[o], ohi = hi[o];
+    for (int i = 0; i < o; ++i)
+      if (lo[i] < ohi && olo < hi[i]) return false;
+  }
+  return true;
+}
+
 // A per-thread memo of validated calls, keyed by everything validation reads
 // except data pointers: op, attributes, and each tensor's presence, dtype,
 // rank, shape, strides and device. A call that matches an entry re-runs only
@@ -66,29 +80,42 @@ tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key,
 // failure, and every miss, goes through ValidateCall, whose errors are the
 // only ones reported. Not thread-safe: one per thread.
 struct ValidationMemo {
-  static constexpr int kSlots = 16;    // direct-mapped by op id
+  static constexpr int kSlots = 64;    // direct-mapped by op id
   static constexpr int kMaxDims = 48;  // shape + stride values per entry
-  static constexpr size_t kMaxAttrBytes = 64;
+  static constexpr size_t kMaxAttrBytes = 128;
   struct Tensor {
-    uint64_t device;      // DLDevice as one word
-    uint64_t ndim_dtype;  // DLTensor's adjacent ndim and dtype as one word
-    int32_t ndim;         // -1: absent
-    int32_t dims_at;      // first of this tensor's values in dims
-    bool strided;
-    uint8_t elem_bytes;
+    uint64_t device;         // DLDevice as one word
+    uint64_t ndim_dtype;     // DLTensor's adjacent ndim and dtype as one word
+    int32_t ndim;            // -1: absent
+    int32_t dims_at;         // first of this tensor's values in dims
+    uint64_t strided;        // 0 or 1: strides given
+    uint64_t align_mask;     // element bytes - 1: the data alignment check
     int64_t lo_off, hi_off;  // byte range relative to data + byte_offset; equal: empty
+  };
+  // What the caller resolved for this entry's calls (the manager's dispatch
+  // chain and what it depends on); cleared whenever the entry is rewritten.
+  struct Resolution {
+    const void* chain = nullptr;
+    uint64_t owner_serial = 0;
+    uint64_t epoch = 0;
+    uint32_t policy_id = 0;
   };
   struct Entry {
     int32_t op_id = -1;
     int32_t n = 0;
     SigKey key{};  // without the in-place bit
+    Resolution resolution;
     alignas(8) unsigned char attrs[kMaxAttrBytes];
     Tensor t[kMaxOpArgs];
     int64_t dims[kMaxDims];
   };
   Entry entries[kSlots];
 };
-tefl_status* ValidateCallMemo(const OpSchema& op, const CallArgs& args, SigKey* key, ValidationMemo* memo);
+// On success, *entry (when given) is the memo entry that matches this call
+// from now on, or NULL when the call is not remembered (too big to memo, or
+// an in-place call, whose key differs from the entry's).
+tefl_status* ValidateCallMemo(const OpSchema& op, const CallArgs& args, SigKey* key, ValidationMemo* memo,
+                              ValidationMemo::Entry** entry = nullptr);
 
 // Human-readable signature of a call, e.g. "x:bfloat16[8,4096] gamma:float32[4096]".
 std::string DescribeCall(const OpSchema& op, const CallArgs& args, bool with_shapes);
