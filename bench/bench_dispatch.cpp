@@ -5,6 +5,8 @@
 //   BM_ValidateMemo     the same through the per-thread memo (a hit)
 //   BM_ManagerCall      the whole typed call (memo validation + cached
 //                       resolution + indirect call) to the same no-op kernel
+//   BM_PreparedRun      the same call prepared once, run with its data
+//                       pointers (pointer checks + remembered chain + call)
 // Resolution and the rest = ManagerCall - ValidateMemo - KernelDirect. Also
 // the real portable kernel on the tiny tensor, direct and through the manager.
 #include <benchmark/benchmark.h>
@@ -83,6 +85,19 @@ void BM_ManagerCall(benchmark::State& state) {
 }
 BENCHMARK(BM_ManagerCall);
 
+// The same call prepared once (OpManager::Prepare), run on the same
+// pointers: pointer checks, the remembered chain, the indirect call.
+void BM_PreparedRun(benchmark::State& state) {
+  TinyCall c;
+  tefl::PreparedCall call;
+  if (!NoopManager().Prepare(TEFL_OP_RMSNORM_FWD, c.in, c.out, &c.attrs, &call).ok())
+    state.SkipWithError("prepare failed");
+  void* in[] = {c.x.data(), c.g.data()};
+  void* out[] = {c.z.data(), c.rs.data()};
+  for (auto _ : state) benchmark::DoNotOptimize(call.Run(in, out));
+}
+BENCHMARK(BM_PreparedRun);
+
 void BM_PortableDirect(benchmark::State& state) {
   TinyCall c;
   tefl::GetDefaultManager().EnsureInitialized();
@@ -97,6 +112,17 @@ void BM_PortableThroughManager(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(tefl::rmsnorm_fwd(c.tx, c.tg, 1e-5f, c.tz, c.trs));
 }
 BENCHMARK(BM_PortableThroughManager);
+
+void BM_PortablePreparedRun(benchmark::State& state) {
+  TinyCall c;
+  tefl::PreparedCall call;
+  if (!tefl::GetDefaultManager().Prepare(TEFL_OP_RMSNORM_FWD, c.in, c.out, &c.attrs, &call).ok())
+    state.SkipWithError("prepare failed");
+  void* in[] = {c.x.data(), c.g.data()};
+  void* out[] = {c.z.data(), c.rs.data()};
+  for (auto _ : state) benchmark::DoNotOptimize(call.Run(in, out));
+}
+BENCHMARK(BM_PortablePreparedRun);
 
 }  // namespace
 

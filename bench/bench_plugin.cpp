@@ -68,6 +68,21 @@ void BM_PluginKernelThroughManager(benchmark::State& state) {
 }
 BENCHMARK(BM_PluginKernelThroughManager);
 
+void BM_PluginKernelPreparedRun(benchmark::State& state) {
+  TinyCall c;
+  tefl::PolicyContext vendor(tefl::GetPolicy().WithPrefer("vendor"));
+  tefl::PreparedCall call;
+  void* in[] = {c.x.data(), c.g.data()};
+  void* out[] = {c.z.data(), c.rs.data()};
+  if (!Shared().manager.Prepare(TEFL_OP_RMSNORM_FWD, c.in, c.out, &c.attrs, &call).ok() || !call.Run(in, out).ok() ||
+      Shared().manager.GetSelectedImplId("rmsnorm_fwd") != "vendor.testgood") {
+    state.SkipWithError("the plugin's kernel did not run");
+    return;
+  }
+  for (auto _ : state) benchmark::DoNotOptimize(call.Run(in, out));
+}
+BENCHMARK(BM_PluginKernelPreparedRun);
+
 }  // namespace
 
 int main(int argc, char** argv) {

@@ -47,6 +47,16 @@ __attribute__((noinline)) int LoopManagerCall(TinyCall& c, tefl::OpManager& m) {
   return errors;
 }
 
+// A prepared call run on the same pointers: pointer checks, the remembered
+// chain, the indirect call.
+__attribute__((noinline)) int LoopPreparedRun(TinyCall& c, tefl::PreparedCall& call) {
+  void* in[] = {c.x.data(), c.g.data()};
+  void* out[] = {c.z.data(), c.rs.data()};
+  int errors = 0;
+  for (int i = 0; i < kCalls; ++i) errors += !call.Run(in, out).ok();
+  return errors;
+}
+
 __attribute__((noinline)) int LoopKernelDirect(TinyCall& c) {
   int errors = 0;
   for (int i = 0; i < kCalls; ++i) errors += NoopKernel(&c.frame, nullptr) != nullptr;
@@ -69,8 +79,10 @@ int main() {
   opts.manager = &manager;
   if (!tefl::rmsnorm_fwd(c.tx, c.tg, 1e-5f, c.tz, c.trs, opts).ok()) return 1;  // warm: resolve once
   auto memo = std::make_unique<tefl::ValidationMemo>();
-  const int errors =
-      LoopValidate(c) + LoopValidateMemo(c, memo.get()) + LoopManagerCall(c, manager) + LoopKernelDirect(c);
+  tefl::PreparedCall prepared;
+  if (!manager.Prepare(TEFL_OP_RMSNORM_FWD, c.in, c.out, &c.attrs, &prepared).ok()) return 1;
+  const int errors = LoopValidate(c) + LoopValidateMemo(c, memo.get()) + LoopManagerCall(c, manager) +
+                     LoopPreparedRun(c, prepared) + LoopKernelDirect(c);
   std::printf("%d calls per loop, %d errors\n", kCalls, errors);
   return errors != 0;
 }

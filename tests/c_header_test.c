@@ -43,6 +43,23 @@ int main(void) {
     return 1;
   }
   tefl_status_free(s);
+  /* The same call prepared once and run on another row's buffers. */
+  tefl_prepared_call* prepared = NULL;
+  s = tefl_prepare_call(TEFL_OP_RMSNORM_FWD, in, 2, out, 2, &attrs, &prepared);
+  if (s != NULL || prepared == NULL) {
+    fprintf(stderr, "tefl_prepare_call failed\n");
+    return 1;
+  }
+  float x2[4] = {2, 4, 6, 8}, z2[4] = {0}, rs2[1] = {0};
+  void* in_data[2] = {x2, g};
+  void* out_data[2] = {z2, rs2};
+  s = tefl_prepared_call_run(prepared, in_data, 2, out_data, 2, NULL);
+  tefl_prepared_call_free(prepared);
+  /* rsigma halves when x doubles; z is the same. */
+  if (s != NULL || rs2[0] < 0.18257f || rs2[0] > 0.182575f || z2[3] != z[3]) {
+    fprintf(stderr, "prepared run wrong %f %f\n", (double)rs2[0], (double)z2[3]);
+    return 1;
+  }
   printf("1 passed, 0 failed\n");
   return 0;
 }

@@ -1,4 +1,5 @@
-// 8 threads dispatch while another thread flips policies (global and scoped),
+// 8 threads dispatch (half of them through prepared calls) while another
+// thread flips policies (global and scoped),
 // registers implementations and makes one of them fail: no crash, no race
 // (this binary also runs under ThreadSanitizer), every result correct.
 #include <gtest/gtest.h>
@@ -63,13 +64,23 @@ TEST(Concurrency, DispatchWhilePoliciesFlipAndImplsRegister) {
   for (int t = 0; t < 8; ++t) {
     workers.emplace_back([&, t] {
       Tensor z(DType::kF32, {kRows, kHidden}), rs(DType::kF32, {kRows});
+      // Odd threads run a call prepared once (each its own PreparedCall).
+      PreparedCall prepared;
+      if (t % 2 == 1) {
+        const DLTensor* in[] = {x.ptr(), g.ptr()};
+        DLTensor* out[] = {z.ptr(), rs.ptr()};
+        if (!manager.Prepare(TEFL_OP_RMSNORM_FWD, in, out, nullptr, &prepared).ok()) failures++;
+      }
+      void* in_data[] = {x.bytes(), g.bytes()};
+      void* out_data[] = {z.bytes(), rs.bytes()};
       int i = 0;
       while (!stop.load() || i < 50) {
         // Some threads use their own scoped policies as well.
         std::optional<PolicyContext> scoped;
         if (t % 2 == 0 && i % 3 == 0) scoped.emplace(GetPolicy().WithPrefer(i % 2 ? "reference" : "vendor"));
         z.Fill(0);
-        Status s = testing::CallOp(manager, "rmsnorm_fwd", {&x, &g}, {&z, &rs});
+        Status s = prepared.prepared() ? prepared.Run(in_data, out_data)
+                                       : testing::CallOp(manager, "rmsnorm_fwd", {&x, &g}, {&z, &rs});
         if (!s.ok() || testing::Compare(z, z_ref, {1e-5, 1e-5}).mismatches != 0 ||
             testing::Compare(rs, rs_ref, {1e-6, 5e-5}).mismatches != 0) {
           failures++;

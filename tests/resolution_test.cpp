@@ -365,5 +365,93 @@ TEST_F(ResolutionTest, AllCandidatesFailing) {
       << s.message();
 }
 
+// ---- Prepared calls: the same resolution, fallback and demotion as Call ------
+
+// A prepared fp32 rmsnorm_fwd [2, 8] call and the buffers it runs on.
+struct PreparedRms {
+  Tensor x{DType::kF32, {2, 8}}, g{DType::kF32, {8}}, z{DType::kF32, {2, 8}}, rs{DType::kF32, {2}};
+  PreparedCall call;
+  Status Prepare(OpManager& m) {
+    x.Uniform("x");
+    g.Uniform("g");
+    const DLTensor* in[] = {x.ptr(), g.ptr()};
+    DLTensor* out[] = {z.ptr(), rs.ptr()};
+    return m.Prepare(TEFL_OP_RMSNORM_FWD, in, out, nullptr, &call);
+  }
+  Status Run() {
+    void* in[] = {x.bytes(), g.bytes()};
+    void* out[] = {z.bytes(), rs.bytes()};
+    return call.Run(in, out);
+  }
+};
+
+TEST_F(ResolutionTest, PreparedCallFollowsThePolicyInForceAtEachRun) {
+  Flush();
+  SetGlobalPolicy(SelectionPolicy().WithPrefer("vendor"));
+  PreparedRms p;
+  ASSERT_TRUE(p.Prepare(manager_).ok());
+  ASSERT_TRUE(p.Run().ok());
+  ASSERT_TRUE(p.Run().ok());
+  EXPECT_EQ(F("vendor.zeta").calls, 2);
+  SetGlobalPolicy(SelectionPolicy().WithPrefer("reference"));
+  ASSERT_TRUE(p.Run().ok());
+  EXPECT_EQ(F("vendor.zeta").calls, 2);
+  EXPECT_EQ(manager_.GetSelectedImplId("rmsnorm_fwd"), "reference.cpp");
+  {  // a thread's scoped policy applies to the runs inside it only
+    PolicyContext scoped(SelectionPolicy().WithPrefer("vendor").WithDeniedVendors({"zeta"}));
+    ASSERT_TRUE(p.Run().ok());
+    EXPECT_EQ(F("vendor.acme").calls, 1);
+  }
+  ASSERT_TRUE(p.Run().ok());
+  EXPECT_EQ(manager_.GetSelectedImplId("rmsnorm_fwd"), "reference.cpp");
+}
+
+TEST_F(ResolutionTest, PreparedCallSeesImplementationsRegisteredAfterPrepare) {
+  Flush();
+  SetGlobalPolicy(SelectionPolicy().WithPrefer("vendor"));
+  PreparedRms p;
+  ASSERT_TRUE(p.Prepare(manager_).ok());
+  ASSERT_TRUE(p.Run().ok());
+  EXPECT_EQ(F("vendor.zeta").calls, 1);
+  Add("vendor.newest", BackendImplKind::VENDOR, "newest", 900);
+  Flush();
+  ASSERT_TRUE(p.Run().ok());
+  EXPECT_EQ(F("vendor.newest").calls, 1);
+  EXPECT_EQ(F("vendor.zeta").calls, 1);
+}
+
+TEST_F(ResolutionTest, PreparedCallFallsBackAndDemotesLikeCall) {
+  F("vendor.zeta").runtime_code = TEFL_UNSUPPORTED;
+  F("vendor.acme").runtime_code = TEFL_RUNTIME_ERROR;
+  Flush();
+  SetGlobalPolicy(SelectionPolicy().WithPrefer("vendor"));
+  testing::LogCapture logs(TEFL_LOG_INFO);
+  PreparedRms p;
+  ASSERT_TRUE(p.Prepare(manager_).ok());
+  ASSERT_TRUE(p.Run().ok());  // zeta declines, acme fails (demoted), picky serves
+  EXPECT_EQ(F("vendor.zeta").calls, 1);
+  EXPECT_EQ(F("vendor.acme").calls, 1);
+  EXPECT_EQ(F("vendor.picky").calls, 1);
+  ASSERT_TRUE(p.Run().ok());  // zeta still tried first (declining is not failing); acme now last
+  EXPECT_EQ(F("vendor.zeta").calls, 2);
+  EXPECT_EQ(F("vendor.acme").calls, 1);
+  EXPECT_EQ(F("vendor.picky").calls, 2);
+  EXPECT_EQ(logs.Count("WARNING] Op 'rmsnorm_fwd' implementation 'vendor.acme'"), 1);
+}
+
+TEST_F(ResolutionTest, PreparedCallInStrictModeFailsNamingTheFirstCandidate) {
+  F("vendor.zeta").runtime_code = TEFL_UNSUPPORTED;
+  Flush();
+  SetGlobalPolicy(SelectionPolicy().WithPrefer("vendor").WithStrict(true));
+  PreparedRms p;
+  ASSERT_TRUE(p.Prepare(manager_).ok());
+  p.z.Fill(-7.0);
+  Status s = p.Run();
+  EXPECT_EQ(s.code(), TEFL_FAILED_PRECONDITION) << s.ToString();
+  EXPECT_NE(s.message().find("strict mode"), std::string::npos) << s.message();
+  EXPECT_EQ(F("vendor.acme").calls, 0);
+  EXPECT_EQ(p.z.at(0), -7.0);
+}
+
 }  // namespace
 }  // namespace tefl

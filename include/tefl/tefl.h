@@ -258,6 +258,21 @@ typedef tefl_status* (*tefl_plugin_register_fn)(const tefl_host_services* host, 
  * struct_size. Returns NULL on success. Uses the default manager. */
 TEFL_API tefl_status* tefl_call(int32_t op_id, const DLTensor* const* inputs, int32_t num_inputs,
                                 DLTensor* const* outputs, int32_t num_outputs, const void* attrs, void* stream);
+/* Prepared calls: one call validated once (tefl_prepare_call, full
+ * validation, metadata and attributes copied) and run many times with new
+ * data pointers only (tefl_prepared_call_run: one pointer per argument in the
+ * op's order, NULL for an argument absent at preparation). A run re-checks
+ * what depends on the pointers (NULL, alignment, overlap, contents the op's
+ * validation reads), resolves under the policy in force (cached until it
+ * changes) and falls back like tefl_call, with tefl_call's errors. One thread
+ * at a time per prepared call. Uses the default manager. */
+typedef struct tefl_prepared_call tefl_prepared_call;
+TEFL_API tefl_status* tefl_prepare_call(int32_t op_id, const DLTensor* const* inputs, int32_t num_inputs,
+                                        DLTensor* const* outputs, int32_t num_outputs, const void* attrs,
+                                        tefl_prepared_call** out);
+TEFL_API tefl_status* tefl_prepared_call_run(tefl_prepared_call* call, void* const* input_data, int32_t num_inputs,
+                                             void* const* output_data, int32_t num_outputs, void* stream);
+TEFL_API void tefl_prepared_call_free(tefl_prepared_call* call); /* NULL is a no-op */
 /* The TEFL_OP_* id for a name or alias ("rope_fwd"), or -1. */
 TEFL_API int32_t tefl_op_id(const char* op_name);
 /* Registers into the default registry (same contract as the registrar). */

@@ -225,6 +225,8 @@ struct Resolution {
   std::string error;                        // non-empty if the call cannot be served
 };
 
+class PreparedCall;
+
 class OpManager {
  public:
   // Uses `registry` (not owned; must outlive the manager), or a registry of
@@ -251,12 +253,50 @@ class OpManager {
                      const void* attrs = nullptr);
   // The impl id that last ran `op_name` through this manager ("" if none).
   std::string GetSelectedImplId(std::string_view op_name) const;
+  // Validates a call once and keeps it for PreparedCall::Run (see there). On
+  // error *out is left as it was.
+  Status Prepare(int32_t op_id, std::span<const DLTensor* const> inputs, std::span<DLTensor* const> outputs,
+                 const void* attrs, PreparedCall* out);
 
   OpRegistry& registry();
 
   struct Rep;
 
  private:
+  friend class PreparedCall;
+  std::unique_ptr<Rep> rep_;
+};
+
+// ---- Prepared calls -------------------------------------------------------------
+// One op call prepared once and run many times with new data pointers: a
+// training step calls the same ops with the same shapes, dtypes and attributes
+// every iteration. OpManager::Prepare runs the full validation and keeps a
+// copy of every tensor's metadata (shape, strides, dtype, device, byte_offset)
+// and of the attributes. Run() takes only the data pointers, one per argument
+// in the op's order (NULL for an optional argument that was absent at
+// Prepare), and then does what OpManager::Call does with them: it re-checks
+// what depends on the pointers (NULL data, alignment, overlap; the contents of
+// tensors the op reads during validation, such as cu_seqlens), resolves under
+// the policy in force at the time of the run (the chain is kept until the
+// policy, the registry or a demotion changes), runs the chain with fallback,
+// and reports the same errors, before any output is written. Not for
+// concurrent use: one thread at a time per PreparedCall (different
+// PreparedCalls may run on different threads at once).
+class PreparedCall {
+ public:
+  PreparedCall();  // empty: Run() returns FAILED_PRECONDITION
+  ~PreparedCall();
+  PreparedCall(PreparedCall&&) noexcept;
+  PreparedCall& operator=(PreparedCall&&) noexcept;
+
+  Status Run(std::span<void* const> input_data, std::span<void* const> output_data, void* stream = nullptr);
+  bool prepared() const { return rep_ != nullptr; }
+  std::string_view op_name() const;  // "" when empty
+
+  struct Rep;
+
+ private:
+  friend class OpManager;
   std::unique_ptr<Rep> rep_;
 };
 

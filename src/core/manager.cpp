@@ -79,6 +79,11 @@ tefl_call_frame MakeFrame(const OpSchema& op, const CallArgs& args, void* stream
                          tefl_host()};
 }
 
+// The arguments of a frame (the inverse of MakeFrame).
+CallArgs ArgsOf(const tefl_call_frame& f) {
+  return CallArgs{f.inputs, f.num_inputs, f.outputs, f.num_outputs, f.attrs};
+}
+
 // The DLPack device type recorded in a signature.
 int32_t DeviceTypeOf(const SigKey& key) { return int32_t((key.w[0] >> 32) & 0xFF); }
 
@@ -125,6 +130,14 @@ struct OpManager::Rep {
     size_t operator()(const FullKey& k) const { return size_t(k.key.Hash() ^ (uint64_t(k.policy_id) << 17)); }
   };
   std::unordered_map<FullKey, Resolved, FullKeyHash> resolved;
+  Status Dispatch(const OpSchema& op, const tefl_call_frame& frame, const SigKey& key,
+                  ValidationMemo::Resolution* remembered, DispatchCache* cache);
+  // The slow part of a call: the chain after its first candidate declined or
+  // failed, or with TE_FL_VERBOSE exec timing.
+  Status RunChain(const OpSchema& op, const tefl_call_frame& frame, const SigKey& key, const Chain& chain,
+                  tefl_status* first);
+  // Logs "Op '...' using ..." when an op's implementation changes.
+  void NoteUsed(const OpSchema& op, const ImplRecord* r);
   std::unordered_map<SigKey, std::vector<const ImplRecord*>, SigKeyHash> demoted;
   struct SigImplHash {
     size_t operator()(const std::pair<SigKey, const ImplRecord*>& k) const {
@@ -387,41 +400,83 @@ Status OpManager::Call(int32_t op_id, std::span<const DLTensor* const> inputs, s
   ThreadState& ts = t_thread_state;
   DispatchCache* cache = ThreadCache(ts);
   SigKey key;
-  if (tefl_status* e = ValidateCallMemo(*op, args, &key, &cache->validation)) return Status::FromC(e);
+  ValidationMemo::Entry* memo_entry = nullptr;
+  if (tefl_status* e = ValidateCallMemo(*op, args, &key, &cache->validation, &memo_entry)) return Status::FromC(e);
 
-  const tefl_call_frame frame = MakeFrame(*op, args, stream);
-  const PolicyRecord* policy = EffectivePolicy(ts);
+  return rep_->Dispatch(*op, MakeFrame(*op, args, stream), key, memo_entry ? &memo_entry->resolution : nullptr, cache);
+}
+
+// Resolves (from `remembered` when it was resolved under the same manager,
+// policy and epoch: no hashing, no probe; else from the per-thread `cache` by
+// signature when given; else Resolve) and runs a validated call.
+__attribute__((always_inline)) inline Status OpManager::Rep::Dispatch(const OpSchema& op, const tefl_call_frame& frame,
+                                                                      const SigKey& key,
+                                                                      ValidationMemo::Resolution* remembered,
+                                                                      DispatchCache* cache) {
+  const PolicyRecord* policy = EffectivePolicy(t_thread_state);
   const uint64_t epoch = g_policy_epoch.load(std::memory_order_acquire);
-  CacheEntry& slot = cache->entries[key.Hash() & (kCacheSlots - 1)];
   const Chain* chain;
-  if (slot.chain != nullptr && slot.key == key && slot.manager_serial == rep_->serial && slot.epoch == epoch &&
-      slot.policy_id == policy->id) {
-    chain = slot.chain;
+  if (remembered != nullptr && remembered->chain != nullptr && remembered->owner_serial == serial &&
+      remembered->epoch == epoch && remembered->policy_id == policy->id) {
+    chain = static_cast<const Chain*>(remembered->chain);
   } else {
-    const int32_t device_type = DeviceTypeOf(key);
-    chain = rep_->Resolve(*op, frame, key, *policy, epoch, device_type, DescribeCall(*op, args, false));
-    slot = CacheEntry{key, rep_->serial, epoch, policy->id, chain};
+    CacheEntry* slot = cache ? &cache->entries[key.Hash() & (kCacheSlots - 1)] : nullptr;
+    if (slot != nullptr && slot->chain != nullptr && slot->key == key && slot->manager_serial == serial &&
+        slot->epoch == epoch && slot->policy_id == policy->id) {
+      chain = slot->chain;
+    } else {
+      chain = Resolve(op, frame, key, *policy, epoch, DeviceTypeOf(key), DescribeCall(op, ArgsOf(frame), false));
+      if (slot != nullptr) *slot = CacheEntry{key, serial, epoch, policy->id, chain};
+    }
+    if (remembered != nullptr) *remembered = ValidationMemo::Resolution{chain, serial, epoch, policy->id};
   }
   if (!chain->error.empty()) return Status(chain->error_code, chain->error);
 
-  const bool exec_verbose = (VerboseFlagsNow() & kVerboseExec) != 0;
+  // The common case: not verbose, and the first candidate runs.
+  if ((VerboseFlagsNow() & kVerboseExec) == 0 && !chain->impls.empty()) {
+    const ImplRecord* r = chain->impls[0];
+    tefl_status* st = r->impl.kernel(&frame, r->impl.user_data);
+    if (st == nullptr) {
+      if (last_used[size_t(op.id)].load(std::memory_order_relaxed) != r) NoteUsed(op, r);
+      return Status::OK();
+    }
+    return RunChain(op, frame, key, *chain, st);
+  }
+  return RunChain(op, frame, key, *chain, nullptr);
+}
+
+void OpManager::Rep::NoteUsed(const OpSchema& op, const ImplRecord* r) {
+  last_used[size_t(op.id)].store(r, std::memory_order_relaxed);
+  TEFL_LOG(INFO, "Op '{}' using {}", op.name, ImplLabel(r->impl));
+}
+
+// The chain's candidates in order, from the first, whose result is `first`
+// when it already ran (NULL: not run yet, or verbose timing is on).
+Status OpManager::Rep::RunChain(const OpSchema& opr, const tefl_call_frame& frame, const SigKey& key,
+                                const Chain& chain_ref, tefl_status* first) {
+  const CallArgs args = ArgsOf(frame);
+  const OpSchema* op = &opr;
+  const Chain* chain = &chain_ref;
+  const bool exec_verbose = first == nullptr && (VerboseFlagsNow() & kVerboseExec) != 0;
   std::string failures;  // only built when an implementation declines or fails
   for (size_t i = 0; i < chain->impls.size(); ++i) {
     const ImplRecord* r = chain->impls[i];
     std::chrono::steady_clock::time_point t0;
-    if (exec_verbose) t0 = std::chrono::steady_clock::now();
-    tefl_status* st = r->impl.kernel(&frame, r->impl.user_data);
+    tefl_status* st;
+    if (i == 0 && first != nullptr) {
+      st = first;
+    } else {
+      if (exec_verbose) t0 = std::chrono::steady_clock::now();
+      st = r->impl.kernel(&frame, r->impl.user_data);
+    }
     if (st == nullptr) {
       if (exec_verbose) {
         const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         VerboseLine(
             fmt::format("exec,{},{},{},{:.4f} ms", op->name, r->impl.impl_id, DescribeCall(*op, args, true), ms));
       }
-      if (rep_->last_used[size_t(op->id)].load(std::memory_order_relaxed) != r) {
-        rep_->last_used[size_t(op->id)].store(r, std::memory_order_relaxed);
-        TEFL_LOG(INFO, "Op '{}' using {}", op->name, ImplLabel(r->impl));
-      }
-      if (i > 0) rep_->NoteFallback(*op, key, r, DescribeCall(*op, args, false), failures);
+      if (last_used[size_t(op->id)].load(std::memory_order_relaxed) != r) NoteUsed(*op, r);
+      if (i > 0) NoteFallback(*op, key, r, DescribeCall(*op, args, false), failures);
       return Status::OK();
     }
     const int32_t code = tefl_status_code_of(st);
@@ -446,7 +501,7 @@ Status OpManager::Call(int32_t op_id, std::span<const DLTensor* const> inputs, s
                                       ImplLabel(r->impl), message));
     }
     failures += fmt::format("; '{}' failed: {}", r->impl.impl_id, message);
-    rep_->Demote(*op, key, r, message, DescribeCall(*op, args, false));
+    Demote(*op, key, r, message, DescribeCall(*op, args, false));
   }
   return Status(TEFL_UNSUPPORTED, fmt::format("{}: no implementation accepted the call{}", op->name, failures));
 }
@@ -501,6 +556,182 @@ OpRegistry& GetDefaultRegistry() {
 OpManager& GetDefaultManager() {
   static OpManager* manager = new OpManager(&GetDefaultRegistry());
   return *manager;
+}
+
+}  // namespace tefl
+
+// ---- Prepared calls -----------------------------------------------------------
+namespace tefl {
+
+struct PreparedCall::Rep {
+  OpManager* manager = nullptr;
+  const OpSchema* op = nullptr;
+  int32_t num_inputs = 0, num_outputs = 0;
+  bool prepared_in_place = false;  // the prepared pointers aliased in place: every run takes the full path
+  // Per argument (inputs, then outputs): the tensor kernels see (NULL when
+  // absent; its data replaced per run) and what the pointer checks need.
+  // Branch-free per run: an absent argument writes its pointer into `unused`
+  // and has absent_mask set; an empty one has range_mask 0.
+  struct Arg {
+    DLTensor* tensor;  // the copy in `tensors`, or &unused when absent
+    uint64_t byte_offset;
+    int64_t lo_off, hi_off;  // byte range relative to data + byte_offset
+    uint64_t align_mask;     // element bytes - 1
+    uint64_t range_mask;     // ~0 for a non-empty present tensor, else 0
+    uint64_t absent_mask;    // ~0 for an absent argument, else 0
+  };
+  Arg args[kMaxOpArgs];
+  DLTensor unused{};
+  DLTensor tensors[kMaxOpArgs];  // the metadata copies
+  const DLTensor* inputs[kMaxOpArgs];
+  DLTensor* outputs[kMaxOpArgs];
+  std::vector<int64_t> dims;  // shapes and strides of `tensors` (never resized after Prepare)
+  alignas(16) unsigned char attrs[kMaxAttrsSize];
+  tefl_call_frame frame;  // its stream is set per run
+  SigKey key{};
+  ValidationMemo::Resolution resolution;
+};
+
+Status OpManager::Prepare(int32_t op_id, std::span<const DLTensor* const> inputs, std::span<DLTensor* const> outputs,
+                          const void* attrs_in, PreparedCall* out) {
+  const OpSchema* op = FindOp(op_id);
+  if (op == nullptr) return Status(TEFL_NOT_FOUND, fmt::format("unknown op id {}", op_id));
+  if (out == nullptr) return Status(TEFL_INVALID_ARGUMENT, fmt::format("{}: Prepare: out is NULL", op->name));
+  if (!rep_->initialized.load(std::memory_order_acquire)) EnsureInitialized();
+  alignas(16) char attr_buffer[kMaxAttrsSize];
+  tefl_status* error = nullptr;
+  const void* attrs = NormalizeAttrs(*op, attrs_in, attr_buffer, &error);
+  if (error) return Status::FromC(error);
+  const CallArgs args{inputs.data(), int32_t(inputs.size()), outputs.data(), int32_t(outputs.size()), attrs};
+  SigKey key;
+  ByteRanges ranges;
+  if (tefl_status* e = ValidateCall(*op, args, &key, &ranges)) return Status::FromC(e);
+
+  auto rep = std::make_unique<PreparedCall::Rep>();
+  rep->manager = this;
+  rep->op = op;
+  rep->num_inputs = args.num_inputs;
+  rep->num_outputs = args.num_outputs;
+  rep->key = key;
+  rep->prepared_in_place = (key.w[0] & kSigInPlaceBit) != 0;
+  const void* attrs_ptr = nullptr;  // NULL for an op without attributes
+  if (attrs != nullptr && op->attrs_size != 0) {
+    // Our own copy of the host's struct (a newer caller's longer struct is
+    // cut to the fields this library knows, and says so in struct_size).
+    std::memcpy(rep->attrs, attrs, op->attrs_size);
+    std::memcpy(rep->attrs, &op->attrs_size, sizeof(size_t));
+    attrs_ptr = rep->attrs;
+  }
+  const int n = args.num_inputs + args.num_outputs;
+  size_t dims_needed = 0;
+  for (int i = 0; i < n; ++i)
+    if (const DLTensor* t = TensorAt(args, i)) dims_needed += size_t(t->ndim) * (t->strides ? 2 : 1);
+  rep->dims.reserve(dims_needed);
+  for (int i = 0; i < n; ++i) {
+    const DLTensor* t = TensorAt(args, i);
+    DLTensor* copy = &rep->tensors[i];
+    if (i < args.num_inputs)
+      rep->inputs[i] = t ? copy : nullptr;
+    else
+      rep->outputs[i - args.num_inputs] = t ? copy : nullptr;
+    if (t == nullptr) {
+      rep->args[i] = PreparedCall::Rep::Arg{&rep->unused, 0, 0, 0, 0, 0, ~uint64_t(0)};
+      continue;
+    }
+    *copy = *t;
+    copy->shape = rep->dims.data() + rep->dims.size();
+    rep->dims.insert(rep->dims.end(), t->shape, t->shape + t->ndim);
+    if (t->strides != nullptr) {
+      copy->strides = rep->dims.data() + rep->dims.size();
+      rep->dims.insert(rep->dims.end(), t->strides, t->strides + t->ndim);
+    }
+    const uintptr_t base = reinterpret_cast<uintptr_t>(t->data) + t->byte_offset;
+    const bool empty = ranges.lo[i] == ranges.hi[i];
+    rep->args[i] = PreparedCall::Rep::Arg{copy,
+                                          t->byte_offset,
+                                          empty ? 0 : int64_t(ranges.lo[i] - base),
+                                          empty ? 0 : int64_t(ranges.hi[i] - base),
+                                          uint64_t(t->dtype.bits >= 8 ? t->dtype.bits / 8 : 1) - 1,
+                                          empty ? 0 : ~uint64_t(0),
+                                          0};
+  }
+  rep->frame = MakeFrame(*op, CallArgs{rep->inputs, rep->num_inputs, rep->outputs, rep->num_outputs, attrs_ptr},
+                         /*stream=*/nullptr);
+  out->rep_ = std::move(rep);
+  return Status::OK();
+}
+
+PreparedCall::PreparedCall() = default;
+PreparedCall::~PreparedCall() = default;
+PreparedCall::PreparedCall(PreparedCall&&) noexcept = default;
+PreparedCall& PreparedCall::operator=(PreparedCall&&) noexcept = default;
+
+std::string_view PreparedCall::op_name() const { return rep_ ? std::string_view(rep_->op->name) : std::string_view(); }
+
+namespace {
+// One argument of a prepared run: its new data pointer, the pointer checks
+// (accumulated into *bad) and its byte range ([0, 0) when empty or absent).
+// *absent_given collects the pointers given for absent arguments (must be 0).
+inline void SetPreparedArg(const PreparedCall::Rep::Arg& a, void* data, uint64_t* bad, uint64_t* absent_given,
+                           uintptr_t* lo, uintptr_t* hi) {
+  const auto bits = reinterpret_cast<uintptr_t>(data);
+  a.tensor->data = data;
+  *absent_given |= bits & a.absent_mask;
+  const uintptr_t base = bits + a.byte_offset;
+  *bad |= (uint64_t(bits == 0) | (base & a.align_mask)) & a.range_mask;
+  *lo = (base + uintptr_t(a.lo_off)) & a.range_mask;
+  *hi = (base + uintptr_t(a.hi_off)) & a.range_mask;
+}
+
+// Whether some output overlaps another argument (empty ranges are [0, 0)):
+// the screen of NoOverlap, without early exits.
+inline bool AnyOverlap(int nin, int n, const uintptr_t* lo, const uintptr_t* hi) {
+  uint64_t any = 0;
+  for (int o = nin; o < n; ++o)
+    for (int i = 0; i < o; ++i) any |= uint64_t(lo[i] < hi[o]) & uint64_t(lo[o] < hi[i]);
+  return any != 0;
+}
+}  // namespace
+
+Status PreparedCall::Run(std::span<void* const> input_data, std::span<void* const> output_data, void* stream) {
+  if (rep_ == nullptr) return Status(TEFL_FAILED_PRECONDITION, "PreparedCall::Run: the call was not prepared");
+  Rep& p = *rep_;
+  const OpSchema& op = *p.op;
+  const int nin = p.num_inputs, n = nin + p.num_outputs;
+  if (input_data.size() != size_t(nin) || output_data.size() != size_t(p.num_outputs)) {
+    return Status(TEFL_INVALID_ARGUMENT,
+                  fmt::format("{}: PreparedCall::Run: expected {} input and {} output data pointers (as prepared), "
+                              "got {} and {}",
+                              op.name, nin, p.num_outputs, input_data.size(), output_data.size()));
+  }
+  uintptr_t lo[kMaxOpArgs], hi[kMaxOpArgs];
+  uint64_t bad = 0;  // any NULL or misaligned data of a non-empty tensor
+  uint64_t absent_given = 0;
+  for (int i = 0; i < nin; ++i) SetPreparedArg(p.args[i], input_data[size_t(i)], &bad, &absent_given, &lo[i], &hi[i]);
+  for (int i = nin; i < n; ++i)
+    SetPreparedArg(p.args[i], output_data[size_t(i - nin)], &bad, &absent_given, &lo[i], &hi[i]);
+  if (absent_given != 0) {
+    for (int i = 0; i < n; ++i) {
+      if (p.args[i].absent_mask != 0 && (i < nin ? input_data[size_t(i)] : output_data[size_t(i - nin)]) != nullptr) {
+        return Status(TEFL_INVALID_ARGUMENT,
+                      fmt::format("{}: argument '{}' was absent when the call was prepared; its data pointer must "
+                                  "be NULL",
+                                  op.name, ArgAt(op, i).name));
+      }
+    }
+  }
+  if (bad != 0 || p.prepared_in_place || ((op.flags & kOpNoAlias) && AnyOverlap(nin, n, lo, hi))) {
+    // A pointer error, or arguments that overlap: the full path names the
+    // error exactly as OpManager::Call would, or accepts an in-place alias.
+    return p.manager->Call(op.id, std::span<const DLTensor* const>(p.inputs, size_t(nin)),
+                           std::span<DLTensor* const>(p.outputs, size_t(p.num_outputs)), p.frame.attrs, stream);
+  }
+  if ((op.flags & kOpChecksData) && op.check_shapes != nullptr) {
+    const CallArgs args{p.inputs, nin, p.outputs, p.num_outputs, p.frame.attrs};
+    if (tefl_status* err = op.check_shapes(op, args)) return Status::FromC(err);
+  }
+  p.frame.stream = stream;
+  return p.manager->rep_->Dispatch(op, p.frame, p.key, &p.resolution, nullptr);
 }
 
 }  // namespace tefl
