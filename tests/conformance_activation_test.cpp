@@ -15,6 +15,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -744,6 +745,63 @@ TEST(ActivationSpecial, LargeAlignedOutputs) {
         const CompareResult rd = CompareDbias(run.out[1].t, ref.out[1].t, want);
         EXPECT_EQ(rd.mismatches, 0) << "'dbias': " << rd.ToString();
       }
+    }
+  }
+}
+
+// default.portable's bf16 stores round with vcvtne2ps2bf16 where the CPU has
+// AVX512-BF16 (TEFL_PORTABLE_BF16_CVT=0 forces Highway's integer rounding):
+// both paths give the same bits on every op, for data with specials, huge and
+// subnormal values (the instruction reads subnormal fp32 as 0; the kernel
+// falls back for those steps), odd widths (full steps and tails) and dbias.
+TEST(ActivationSpecial, Bf16NativeStoreMatchesIntegerRounding) {
+  const char* impl = "default.portable";
+  const std::vector<double> sv = SpecialValues();
+  std::printf("[  NOTE    ] AVX512-BF16 on this CPU: %s\n",
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+              __builtin_cpu_supports("avx512bf16") ? "yes (both paths compared)" : "no (one path)"
+#else
+              "no (one path)"
+#endif
+  );
+  for (const OpInfo& op : kOps) {
+    SCOPED_TRACE(op.name);
+    const int64_t h = 77;
+    Problem p = MakeProblem(op, {DType::kBF16, DType::kBF16, DType::kBF16, DType::kBF16}, {6}, h, "native");
+    p.clamp = {TEFL_CLAMPED_SWIGLU_ATTRS_STRUCT_SIZE, 7.0f, 1.702f};
+    Tensor& x = p.In(op.kind == Kind::kFwd || op.kind == Kind::kGatedFwd ? "input" : "fwd_input");
+    const int64_t n = x.numel();
+    // Row 0 of x: specials; rows 1-2: scaled down into fp32 subnormal
+    // outputs (relu(x), gelu(x) ~ x / 2); rows 3-5: plain data.
+    for (int64_t i = 0; i < n / 6; ++i) {
+      x.set(i, sv[size_t(i) % sv.size()]);
+      x.set(n / 6 + i, x.at(n / 6 + i) * 1e-37);
+      x.set(2 * n / 6 + i, x.at(2 * n / 6 + i) * 3e-39);
+    }
+    if (HasGrad(op.kind)) {
+      Tensor& g = p.In("grad");
+      for (int64_t i = 0; i < g.numel() / 6; ++i) g.set(3 * g.numel() / 6 + i, g.at(3 * g.numel() / 6 + i) * 1e-38);
+    }
+    Problem hwy = p, native = p;
+    setenv("TEFL_PORTABLE_BF16_CVT", "0", 1);
+    const Status s0 = RunImpl(op.name, impl, Ptrs(hwy.in), Ptrs(hwy.out), hwy.attrs());
+    unsetenv("TEFL_PORTABLE_BF16_CVT");
+    ASSERT_TRUE(s0.ok()) << s0.ToString();
+    const Status s1 = RunImpl(op.name, impl, Ptrs(native.in), Ptrs(native.out), native.attrs());
+    ASSERT_TRUE(s1.ok()) << s1.ToString();
+    for (size_t o = 0; o < p.out.size(); ++o) {
+      const Tensor& a = hwy.out[o].t;
+      const Tensor& b = native.out[o].t;
+      ASSERT_EQ(a.nbytes(), b.nbytes());
+      const auto* pa = static_cast<const uint16_t*>(a.bytes());
+      const auto* pb = static_cast<const uint16_t*>(b.bytes());
+      int64_t diffs = 0;
+      for (size_t i = 0; i < a.nbytes() / 2; ++i) {
+        if (pa[i] != pb[i] && diffs++ < 5)
+          ADD_FAILURE() << "'" << p.out[o].name << "' element " << i << ": integer rounding " << std::hex << pa[i]
+                        << ", vcvtne2ps2bf16 " << pb[i];
+      }
+      EXPECT_EQ(diffs, 0) << "'" << p.out[o].name << "'";
     }
   }
 }

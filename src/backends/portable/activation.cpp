@@ -81,6 +81,7 @@ struct Job {
   bool fast;  // every tensor has dtype `fast_t` (f32 or bf16): no staging
   DType fast_t;
   bool stream;  // non-temporal stores (large outputs, 64-byte aligned rows)
+  bool native;  // bf16 fast path: round with vcvtne2ps2bf16 (simd_io-inl.h)
   const void* x;
   const void* g;
   void* y;
@@ -341,6 +342,7 @@ HWY_INLINE void LoadStep(D d, const bfloat16_t* HWY_RESTRICT p, V* v) {
   v[0] = hn::BitCast(d, hn::ShiftLeft<16>(w));
   v[1] = hn::BitCast(d, hn::And(w, hn::Set(du, 0xFFFF0000u)));
 }
+template <bool kNative = false>
 HWY_INLINE void StoreStep(D d, const V* v, float* HWY_RESTRICT p, bool stream) {
   if (stream) {
     hn::Stream(v[0], d, p);
@@ -348,15 +350,27 @@ HWY_INLINE void StoreStep(D d, const V* v, float* HWY_RESTRICT p, bool stream) {
     hn::StoreU(v[0], d, p);
   }
 }
+// kNative: vcvtne2ps2bf16 (TEFL_BF16_NATIVE targets, Job::native), bit for
+// bit the same as the integer rounding.
+template <bool kNative = false>
 HWY_INLINE void StoreStep(D d, const V* v, bfloat16_t* HWY_RESTRICT p, bool stream) {
   const hn::RebindToUnsigned<D> du;
-  const auto lo = hn::ShiftRight<16>(RoundBF16Hi(v[0], d));  // rounded to nearest even
-  const auto hi = hn::And(RoundBF16Hi(v[1], d), hn::Set(du, 0xFFFF0000u));
+  hn::Vec<decltype(du)> w;
+#if TEFL_BF16_NATIVE
+  if constexpr (kNative) {
+    w = PackBF16Native(v[0], v[1]);
+  } else  // NOLINT(readability/braces)
+#endif
+  {
+    const auto lo = hn::ShiftRight<16>(RoundBF16Hi(v[0], d));  // rounded to nearest even
+    const auto hi = hn::And(RoundBF16Hi(v[1], d), hn::Set(du, 0xFFFF0000u));
+    w = hn::Or(lo, hi);
+  }
   uint32_t* q = reinterpret_cast<uint32_t*>(p);
   if (stream) {
-    hn::Stream(hn::Or(lo, hi), du, q);
+    hn::Stream(w, du, q);
   } else {
-    hn::StoreU(hn::Or(lo, hi), du, q);
+    hn::StoreU(w, du, q);
   }
 }
 
@@ -365,7 +379,7 @@ HWY_INLINE void StoreStep(D d, const V* v, bfloat16_t* HWY_RESTRICT p, bool stre
 // Full steps, then the rest Lanes(d) (or fewer) elements at a time.
 
 // y = act(x)
-template <class Fn, class T>
+template <class Fn, class T, bool kNative = false>
 HWY_INLINE void SpanFwd(const Fn& fn, const T* HWY_RESTRICT x, T* HWY_RESTRICT y, size_t n, bool stream) {
   const D d;
   const size_t nl = hn::Lanes(d);
@@ -376,7 +390,7 @@ HWY_INLINE void SpanFwd(const Fn& fn, const T* HWY_RESTRICT x, T* HWY_RESTRICT y
     LoadStep(d, x + i, v);
     TEFL_UNROLL_K
     for (size_t k = 0; k < K; ++k) v[k] = fn.Act(v[k]);
-    StoreStep(d, v, y + i, stream);
+    StoreStep<kNative>(d, v, y + i, stream);
   }
   for (; i < n; i += nl) {
     const size_t m = std::min(nl, n - i);
@@ -386,7 +400,7 @@ HWY_INLINE void SpanFwd(const Fn& fn, const T* HWY_RESTRICT x, T* HWY_RESTRICT y
 
 // y = g * dact(x); acc += y (fp32, before rounding) when acc is not NULL, in
 // the steps' lane order (see kVecs).
-template <class Fn, class T>
+template <class Fn, class T, bool kNative = false>
 HWY_INLINE void SpanBwd(const Fn& fn, const T* HWY_RESTRICT g, const T* HWY_RESTRICT x, T* HWY_RESTRICT y,
                         float* HWY_RESTRICT acc, size_t n, bool stream) {
   const D d;
@@ -402,7 +416,7 @@ HWY_INLINE void SpanBwd(const Fn& fn, const T* HWY_RESTRICT g, const T* HWY_REST
       v[k] = hn::Mul(gv[k], fn.DAct(v[k]));
       if (acc) hn::StoreU(hn::Add(hn::LoadU(d, acc + i + k * nl), v[k]), d, acc + i + k * nl);
     }
-    StoreStep(d, v, y + i, stream);
+    StoreStep<kNative>(d, v, y + i, stream);
   }
   for (; i < n; i += nl) {
     const size_t m = std::min(nl, n - i);
@@ -417,7 +431,7 @@ HWY_INLINE void SpanBwd(const Fn& fn, const T* HWY_RESTRICT g, const T* HWY_REST
 }
 
 // y = act(a) * gate(b)
-template <class Fn, class T>
+template <class Fn, class T, bool kNative = false>
 HWY_INLINE void SpanGatedFwd(const Fn& fn, const T* HWY_RESTRICT a, const T* HWY_RESTRICT b, T* HWY_RESTRICT y,
                              size_t n, bool stream) {
   const D d;
@@ -430,7 +444,7 @@ HWY_INLINE void SpanGatedFwd(const Fn& fn, const T* HWY_RESTRICT a, const T* HWY
     LoadStep(d, b + i, bv);
     TEFL_UNROLL_K
     for (size_t k = 0; k < K; ++k) av[k] = hn::Mul(fn.Act(av[k]), fn.Gate(bv[k]));
-    StoreStep(d, av, y + i, stream);
+    StoreStep<kNative>(d, av, y + i, stream);
   }
   for (; i < n; i += nl) {
     const size_t m = std::min(nl, n - i);
@@ -446,7 +460,7 @@ HWY_INLINE void GatedBwdVec(const Fn& fn, V g, V a, V b, V& da, V& db) {
   da = hn::Mul(hn::Mul(dact, g), fn.Gate(b));
   db = fn.GateGrad(b, hn::Mul(act, g));
 }
-template <class Fn, class T>
+template <class Fn, class T, bool kNative = false>
 HWY_INLINE void SpanGatedBwd(const Fn& fn, const T* HWY_RESTRICT g, const T* HWY_RESTRICT a, const T* HWY_RESTRICT b,
                              T* HWY_RESTRICT da, T* HWY_RESTRICT db, size_t n, bool stream) {
   const D d;
@@ -460,8 +474,8 @@ HWY_INLINE void SpanGatedBwd(const Fn& fn, const T* HWY_RESTRICT g, const T* HWY
     LoadStep(d, b + i, bv);
     TEFL_UNROLL_K
     for (size_t k = 0; k < K; ++k) GatedBwdVec(fn, gv[k], av[k], bv[k], av[k], bv[k]);
-    StoreStep(d, av, da + i, stream);
-    StoreStep(d, bv, db + i, stream);
+    StoreStep<kNative>(d, av, da + i, stream);
+    StoreStep<kNative>(d, bv, db + i, stream);
   }
   for (; i < n; i += nl) {
     const size_t m = std::min(nl, n - i);
@@ -515,15 +529,15 @@ HWY_INLINE void FromF32(const float* src, DType t, void* base, size_t off, size_
 // Fwd/Bwd: items are blocks of kBlock elements. GatedFwd/GatedBwd: rows.
 // Dbias: blocks of rows (Job::blocks of them).
 
-template <Kind kKind, class Fn, class T>
+template <Kind kKind, class Fn, class T, bool kNative = false>
 HWY_INLINE void FlatItems(const Fn& fn, const Job& j, int64_t begin, int64_t end) {
   const size_t e0 = size_t(begin * kBlock), e1 = size_t(std::min(end * kBlock, j.n));
   const T* x = static_cast<const T*>(j.x) + e0;
   T* y = static_cast<T*>(j.y) + e0;
   if constexpr (kKind == Kind::kFwd) {
-    SpanFwd(fn, x, y, e1 - e0, j.stream);
+    SpanFwd<Fn, T, kNative>(fn, x, y, e1 - e0, j.stream);
   } else {
-    SpanBwd(fn, static_cast<const T*>(j.g) + e0, x, y, static_cast<float*>(nullptr), e1 - e0, j.stream);
+    SpanBwd<Fn, T, kNative>(fn, static_cast<const T*>(j.g) + e0, x, y, static_cast<float*>(nullptr), e1 - e0, j.stream);
   }
 }
 
@@ -544,16 +558,16 @@ HWY_INLINE void FlatItemsStaged(const Fn& fn, const Job& j, int64_t begin, int64
   }
 }
 
-template <Kind kKind, class Fn, class T>
+template <Kind kKind, class Fn, class T, bool kNative = false>
 HWY_INLINE void GatedRows(const Fn& fn, const Job& j, int64_t r0, int64_t r1) {
   const size_t h = size_t(j.h);
   for (int64_t r = r0; r < r1; ++r) {
     const T* a = static_cast<const T*>(j.x) + size_t(r) * 2 * h;
     if constexpr (kKind == Kind::kGatedFwd) {
-      SpanGatedFwd(fn, a, a + h, static_cast<T*>(j.y) + size_t(r) * h, h, j.stream);
+      SpanGatedFwd<Fn, T, kNative>(fn, a, a + h, static_cast<T*>(j.y) + size_t(r) * h, h, j.stream);
     } else {
       T* da = static_cast<T*>(j.y) + size_t(r) * 2 * h;
-      SpanGatedBwd(fn, static_cast<const T*>(j.g) + size_t(r) * h, a, a + h, da, da + h, h, j.stream);
+      SpanGatedBwd<Fn, T, kNative>(fn, static_cast<const T*>(j.g) + size_t(r) * h, a, a + h, da, da + h, h, j.stream);
     }
   }
 }
@@ -603,13 +617,13 @@ HWY_INLINE void FlushAcc(float* HWY_RESTRICT acc, double* HWY_RESTRICT partial, 
   std::fill(acc, acc + h, 0.0f);
 }
 
-template <class Fn, class T>
+template <class Fn, class T, bool kNative = false>
 HWY_INLINE void DbiasRows(const Fn& fn, const Job& j, int64_t r0, int64_t r1, float* acc, double* partial) {
   const size_t h = size_t(j.h);
   for (int64_t r = r0; r < r1; ++r) {
     const size_t off = size_t(r) * h;
-    SpanBwd(fn, static_cast<const T*>(j.g) + off, static_cast<const T*>(j.x) + off, static_cast<T*>(j.y) + off, acc, h,
-            j.stream);
+    SpanBwd<Fn, T, kNative>(fn, static_cast<const T*>(j.g) + off, static_cast<const T*>(j.x) + off,
+                            static_cast<T*>(j.y) + off, acc, h, j.stream);
     if ((r - r0 + 1) % kFlushRows == 0) FlushAcc<T>(acc, partial, h);
   }
   FlushAcc<T>(acc, partial, h);
@@ -639,10 +653,16 @@ HWY_NOINLINE void RunItems(const Fn& fn, const Job& j, int64_t begin, int64_t en
   const bool bf16 = j.fast && j.fast_t == DType::kBF16;
   if constexpr (kKind == Kind::kFwd || kKind == Kind::kBwd) {
     if (f32) return FlatItems<kKind, Fn, float>(fn, j, begin, end);
+#if TEFL_BF16_NATIVE
+    if (bf16 && j.native) return FlatItems<kKind, Fn, bfloat16_t, true>(fn, j, begin, end);
+#endif
     if (bf16) return FlatItems<kKind, Fn, bfloat16_t>(fn, j, begin, end);
     return FlatItemsStaged<kKind>(fn, j, begin, end);
   } else if constexpr (kKind == Kind::kGatedFwd || kKind == Kind::kGatedBwd) {
     if (f32) return GatedRows<kKind, Fn, float>(fn, j, begin, end);
+#if TEFL_BF16_NATIVE
+    if (bf16 && j.native) return GatedRows<kKind, Fn, bfloat16_t, true>(fn, j, begin, end);
+#endif
     if (bf16) return GatedRows<kKind, Fn, bfloat16_t>(fn, j, begin, end);
     return GatedRowsStaged<kKind>(fn, j, begin, end);
   } else {
@@ -652,6 +672,10 @@ HWY_NOINLINE void RunItems(const Fn& fn, const Job& j, int64_t begin, int64_t en
       double* partial = j.partial + size_t(blk) * size_t(j.h);
       if (f32) {
         DbiasRows<Fn, float>(fn, j, r0, r1, acc, partial);
+#if TEFL_BF16_NATIVE
+      } else if (bf16 && j.native) {
+        DbiasRows<Fn, bfloat16_t, true>(fn, j, r0, r1, acc, partial);
+#endif
       } else if (bf16) {
         DbiasRows<Fn, bfloat16_t>(fn, j, r0, r1, acc, partial);
       } else {
@@ -836,6 +860,7 @@ tefl_status* Kernel(const tefl_call_frame* f, void*) {
       return Status(f, TEFL_UNSUPPORTED, "dtypes other than fp32/fp16/bf16");
     j.fast = j.tx == j.tg && j.tx == j.ty && j.tx != DType::kF16;
     j.fast_t = j.tx;
+    j.native = j.fast && j.tx == DType::kBF16 && UseBf16NativeStore();
     j.x = DataPtr(x);
     j.g = g ? DataPtr(g) : nullptr;
     j.y = DataPtr(y);
