@@ -541,6 +541,58 @@ TEST(ActivationSpecial, DenseSweep) {
   }
 }
 
+// The forward ops with bf16 data take a cheaper sigmoid in default.portable
+// (degree-3 exp, reciprocal estimate without Newton step: relative error
+// ~1.5e-4, under bf16's half ulp). Every bf16 value in [-30, 30] (both
+// tails of every sigmoid) with gate 1: within TE's bf16 rule against the
+// reference, and, where |reference| >= atol, at most one bf16 ulp from it
+// (one rounding of an error far below a half ulp). The share of outputs one
+// ulp off is printed.
+TEST(ActivationSpecial, DenseSweepBf16Forward) {
+  std::vector<double> xs;
+  for (uint32_t b = 0; b < 0x10000u; ++b) {
+    const double v = tefl::BF16ToFloat(uint16_t(b));
+    if (std::isfinite(v) && std::fabs(v) <= 30.0) xs.push_back(v);
+  }
+  const int64_t n = int64_t(xs.size());
+  for (const OpInfo& op : kOps) {
+    if (op.kind != Kind::kFwd && op.kind != Kind::kGatedFwd) continue;
+    SCOPED_TRACE(op.name);
+    const bool gated = Gated(op.kind);
+    Problem p = MakeProblem(op, {DType::kBF16, DType::kBF16, DType::kBF16, DType::kBF16}, {1}, n, "sweep");
+    Tensor& x = p.In("input");
+    for (int64_t j = 0; j < n; ++j) {
+      x.set(j, xs[size_t(j)]);
+      if (gated) x.set(n + j, 1.0);
+    }
+    Problem ref = p;
+    ASSERT_TRUE(RunImpl(op.name, kReference, Ptrs(ref.in), Ptrs(ref.out), ref.attrs()).ok());
+    Problem run = p;
+    ASSERT_TRUE(RunImpl(op.name, "default.portable", Ptrs(run.in), Ptrs(run.out), run.attrs()).ok());
+    const CompareResult r = Compare(run.out[0].t, ref.out[0].t, ToleranceFor(DType::kBF16));
+    EXPECT_EQ(r.mismatches, 0) << r.ToString();
+    const auto* got = static_cast<const uint16_t*>(run.out[0].t.bytes());
+    const auto* want = static_cast<const uint16_t*>(ref.out[0].t.bytes());
+    int64_t off1 = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      // Below atol the reference's own tail (1 + tanh(y) in double, for
+      // gelu) is not accurate to a bf16 ulp; atol governs there.
+      if (got[j] == want[j] || std::fabs(ref.out[0].t.at(j)) < 1e-5) continue;
+      // Same sign: bf16 bit patterns are ordered by magnitude.
+      const int d = int(got[j] & 0x7FFF) - int(want[j] & 0x7FFF);
+      const bool neighbours =
+          (got[j] & 0x8000) == (want[j] & 0x8000) ? (d == 1 || d == -1) : (got[j] & 0x7FFF) + (want[j] & 0x7FFF) == 1;
+      if (neighbours) {
+        ++off1;
+      } else {
+        ADD_FAILURE() << "x = " << xs[size_t(j)] << ": bits " << std::hex << got[j] << ", reference " << want[j];
+      }
+    }
+    std::printf("[  NOTE    ] %s bf16 on default.portable: %.3f%% of %lld outputs one ulp from the reference\n",
+                op.name, 100.0 * double(off1) / double(n), static_cast<long long>(n));
+  }
+}
+
 // The IEEE results of TE's formulas at +-inf, by value.
 TEST(ActivationSpecial, InfinityLimits) {
   struct Case {

@@ -80,8 +80,9 @@ struct Job {
   DType tx, tg, ty;
   bool fast;  // every tensor has dtype `fast_t` (f32 or bf16): no staging
   DType fast_t;
-  bool stream;  // non-temporal stores (large outputs, 64-byte aligned rows)
-  bool native;  // bf16 fast path: round with vcvtne2ps2bf16 (simd_io-inl.h)
+  bool stream;    // non-temporal stores (large outputs, 64-byte aligned rows)
+  bool native;    // bf16 fast path: round with vcvtne2ps2bf16 (simd_io-inl.h)
+  bool fast_act;  // bf16 fast path of a forward op: the cheaper sigmoid
   const void* x;
   const void* g;
   void* y;
@@ -130,18 +131,31 @@ using V = hn::Vec<D>;
 // (2^n no longer normal) the result is 0 (the true value is < 2e-38). -inf
 // gives 0; NaN gives NaN. 11 operations where Highway's contrib Exp, valid on the whole
 // line, takes ~26: the transcendental ops are compute-bound for bf16 data.
+//
+// kFast (forward ops with bf16 outputs, whose 8-bit mantissa needs no more):
+// a degree-3 polynomial, relative error 7.5e-5 (vs bf16's half ulp 2^-9 =
+// 2e-3 and TE's bf16 rtol 1e-2); same range handling.
+template <bool kFast = false>
 HWY_INLINE V ExpNonPositive(D d, V v) {
   const hn::RebindToUnsigned<D> du;
   const V magic = hn::Set(d, 12583039.0f);  // 1.5 * 2^23 + 127
   const V t = hn::MulAdd(v, hn::Set(d, 1.44269504088896341f), magic);
   const V n = hn::Sub(t, magic);
   const V r = hn::MulAdd(n, hn::Set(d, -0.693147180559945309f), v);
-  V p = hn::Set(d, 0.008312475867569447f);
-  p = hn::MulAdd(p, r, hn::Set(d, 0.041890550404787064f));
-  p = hn::MulAdd(p, r, hn::Set(d, 0.16667115688323975f));
-  p = hn::MulAdd(p, r, hn::Set(d, 0.4999922811985016f));
-  p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
-  p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
+  V p;
+  if constexpr (kFast) {
+    p = hn::Set(d, 0.16566842252380337f);
+    p = hn::MulAdd(p, r, hn::Set(d, 0.5049633176500491f));
+    p = hn::MulAdd(p, r, hn::Set(d, 1.0001641890817925f));
+    p = hn::MulAdd(p, r, hn::Set(d, 0.9999280720300502f));
+  } else {
+    p = hn::Set(d, 0.008312475867569447f);
+    p = hn::MulAdd(p, r, hn::Set(d, 0.041890550404787064f));
+    p = hn::MulAdd(p, r, hn::Set(d, 0.16667115688323975f));
+    p = hn::MulAdd(p, r, hn::Set(d, 0.4999922811985016f));
+    p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
+    p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
+  }
   const V scale = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(du, t)));
   return hn::IfThenZeroElse(hn::Lt(v, hn::Set(d, -87.0f)), hn::Mul(p, scale));
 }
@@ -152,20 +166,26 @@ HWY_INLINE V ExpNonPositive(D d, V v) {
 // side cancels, exp never overflows, and the reciprocal of 1 + e in [1, 2] is
 // a hardware estimate refined by one Newton step (~1 ulp). u = +-inf gives
 // exactly 1 and 0; a NaN u gives NaN.
+// kFast: the estimate alone (AVX-512 rcp14: relative error < 2^-14; the
+// other targets' estimates are 2^-12 or better), for bf16 outputs.
+template <bool kFast = false>
 HWY_INLINE V Recip12(D d, V v) {  // 1 / v for v in [1, 2]
   const V r0 = hn::ApproximateReciprocal(v);
+  if constexpr (kFast) return r0;
   return hn::Mul(r0, hn::NegMulAdd(v, r0, hn::Set(d, 2.0f)));
 }
 
+template <bool kFast = false>
 HWY_INLINE void SigmoidParts(D d, V u, V& r, V& q) {
-  const V e = ExpNonPositive(d, hn::Or(u, hn::SignBit(d)));  // exp(-|u|)
-  r = Recip12(d, hn::Add(hn::Set(d, 1.0f), e));
+  const V e = ExpNonPositive<kFast>(d, hn::Or(u, hn::SignBit(d)));  // exp(-|u|)
+  r = Recip12<kFast>(d, hn::Add(hn::Set(d, 1.0f), e));
   q = hn::Mul(e, r);
 }
 
+template <bool kFast = false>
 HWY_INLINE V Sigmoid(D d, V u) {
   V r, q;
-  SigmoidParts(d, u, r, q);
+  SigmoidParts<kFast>(d, u, r, q);
   return hn::IfThenElse(hn::Lt(u, hn::Zero(d)), q, r);
 }
 
@@ -190,12 +210,17 @@ struct PlainGate {
 // dgelu: t = tanh(k0 x (1 + 0.044715 x^2)) = 2 s - 1 with s = sigmoid(2 k0 x
 // (1 + 0.044715 x^2)): 0.5 x (1 - t^2) p + 0.5 (1 + t) = x (2 s (1 - s) p) + s,
 // p = k0 + 0.1070322243 x^2.
-struct GeluFn : PlainGate {
+//
+// kFast: Act (only) with the bf16-output exp and reciprocal (forward ops of
+// the bf16 fast path); derivatives keep the accurate ones (they cancel near
+// their roots, where only atol 1e-5 is allowed).
+template <bool kFast = false>
+struct GeluFnT : PlainGate {
   HWY_INLINE V Act(V x) const {
     const D d;
     const V c0 = hn::Set(d, 2.0f * 0.79788456f), c1 = hn::Set(d, 2.0f * 0.03567741f);
     const V u = hn::Mul(x, hn::MulAdd(c1, hn::Mul(x, x), c0));
-    return hn::Mul(x, Sigmoid(d, u));
+    return hn::Mul(x, Sigmoid<kFast>(d, u));
   }
   HWY_INLINE V DAct(V x) const {
     const D d;
@@ -215,11 +240,12 @@ struct GeluFn : PlainGate {
 
 // x * sigmoid(alpha x): qgelu (alpha 1.702), silu (alpha 1) and clamped
 // SwiGLU's activation. Derivative x (alpha s (1 - s)) + s.
-struct SigmoidLinearFn : PlainGate {
+template <bool kFast = false>
+struct SigmoidLinearFnT : PlainGate {
   float alpha;
   HWY_INLINE V Act(V x) const {
     const D d;
-    return hn::Mul(x, Sigmoid(d, hn::Mul(hn::Set(d, alpha), x)));
+    return hn::Mul(x, Sigmoid<kFast>(d, hn::Mul(hn::Set(d, alpha), x)));
   }
   HWY_INLINE V DAct(V x) const {
     V act, dact;
@@ -261,9 +287,10 @@ struct SreluFn : PlainGate {
 };
 
 // glu: act = sigmoid(x), dact = s (1 - s); a NaN x is put back.
-struct GluFn : PlainGate {
+template <bool kFast = false>
+struct GluFnT : PlainGate {
   HWY_INLINE static V KeepNaN(V x, V v) { return hn::IfThenElse(hn::IsNaN(x), x, v); }
-  HWY_INLINE V Act(V x) const { return KeepNaN(x, Sigmoid(D(), x)); }
+  HWY_INLINE V Act(V x) const { return KeepNaN(x, Sigmoid<kFast>(D(), x)); }
   HWY_INLINE V DAct(V x) const {
     V act, dact;
     ActDAct(x, act, dact);
@@ -281,20 +308,21 @@ struct GluFn : PlainGate {
 // alpha a'), no gradient where a > limit; b' = clamp(b, -limit, limit) + 1,
 // no gradient where b < -limit or b > limit (TE: a == limit and |b| == limit
 // pass gradient).
-struct ClampedFn {
+template <bool kFast = false>
+struct ClampedFnT {
   float limit, alpha;
   HWY_INLINE V Clamp(V a) const {
     const V vl = hn::Set(D(), limit);
     return hn::IfThenElse(hn::Gt(a, vl), vl, a);
   }
-  HWY_INLINE V Act(V a) const { return SigmoidLinearFn{{}, alpha}.Act(Clamp(a)); }
+  HWY_INLINE V Act(V a) const { return SigmoidLinearFnT<kFast>{{}, alpha}.Act(Clamp(a)); }
   HWY_INLINE V DAct(V a) const {
     V act, dact;
     ActDAct(a, act, dact);
     return dact;
   }
   HWY_INLINE void ActDAct(V a, V& act, V& dact) const {
-    SigmoidLinearFn{{}, alpha}.ActDAct(Clamp(a), act, dact);
+    SigmoidLinearFnT<false>{{}, alpha}.ActDAct(Clamp(a), act, dact);
     dact = hn::IfThenZeroElse(hn::Gt(a, hn::Set(D(), limit)), dact);
   }
   HWY_INLINE V Gate(V b) const {
@@ -308,6 +336,11 @@ struct ClampedFn {
     return hn::IfThenZeroElse(hn::Or(hn::Lt(b, hn::Set(d, -limit)), hn::Gt(b, hn::Set(d, limit))), v);
   }
 };
+
+using GeluFn = GeluFnT<false>;
+using SigmoidLinearFn = SigmoidLinearFnT<false>;
+using GluFn = GluFnT<false>;
+using ClampedFn = ClampedFnT<false>;
 
 // ---- Element access ------------------------------------------------------------
 // Up to Lanes(d) elements through an aligned buffer (tails).
@@ -685,28 +718,39 @@ HWY_NOINLINE void RunItems(const Fn& fn, const Job& j, int64_t begin, int64_t en
   }
 }
 
-// The activations of kind kKind (glu and clamped SwiGLU are gated only).
-template <Kind kKind>
-HWY_INLINE void ItemsOfKind(const Job& j, int64_t begin, int64_t end) {
+// The activations of kind kKind (glu and clamped SwiGLU are gated only);
+// kFast: the bf16-output exp and reciprocal in Act.
+template <Kind kKind, bool kFast>
+HWY_INLINE void ItemsOfAct(const Job& j, int64_t begin, int64_t end) {
   constexpr bool kGated = kKind == Kind::kGatedFwd || kKind == Kind::kGatedBwd;
   switch (j.act) {
     case Act::kGelu:
-      return RunItems<kKind>(GeluFn(), j, begin, end);
+      return RunItems<kKind>(GeluFnT<kFast>(), j, begin, end);
     case Act::kQGelu:
-      return RunItems<kKind>(SigmoidLinearFn{{}, 1.702f}, j, begin, end);
+      return RunItems<kKind>(SigmoidLinearFnT<kFast>{{}, 1.702f}, j, begin, end);
     case Act::kRelu:
       return RunItems<kKind>(ReluFn(), j, begin, end);
     case Act::kSrelu:
       return RunItems<kKind>(SreluFn(), j, begin, end);
     case Act::kSilu:
-      return RunItems<kKind>(SigmoidLinearFn{{}, 1.0f}, j, begin, end);
+      return RunItems<kKind>(SigmoidLinearFnT<kFast>{{}, 1.0f}, j, begin, end);
     case Act::kGlu:
-      if constexpr (kGated) return RunItems<kKind>(GluFn(), j, begin, end);
+      if constexpr (kGated) return RunItems<kKind>(GluFnT<kFast>(), j, begin, end);
       break;
     case Act::kClamped:
-      if constexpr (kGated) return RunItems<kKind>(ClampedFn{j.limit, j.alpha}, j, begin, end);
+      if constexpr (kGated) return RunItems<kKind>(ClampedFnT<kFast>{j.limit, j.alpha}, j, begin, end);
       break;
   }
+}
+
+// Forward ops whose output is bf16 on the one-dtype path take the cheaper
+// sigmoid (Job::fast_act); everything else the accurate one.
+template <Kind kKind>
+HWY_INLINE void ItemsOfKind(const Job& j, int64_t begin, int64_t end) {
+  if constexpr (kKind == Kind::kFwd || kKind == Kind::kGatedFwd) {
+    if (j.fast_act) return ItemsOfAct<kKind, true>(j, begin, end);
+  }
+  return ItemsOfAct<kKind, false>(j, begin, end);
 }
 
 // ---- Gated FP8 outputs ----------------------------------------------------------
@@ -861,6 +905,8 @@ tefl_status* Kernel(const tefl_call_frame* f, void*) {
     j.fast = j.tx == j.tg && j.tx == j.ty && j.tx != DType::kF16;
     j.fast_t = j.tx;
     j.native = j.fast && j.tx == DType::kBF16 && UseBf16NativeStore();
+    j.fast_act = j.fast && j.tx == DType::kBF16 && (kKind == Kind::kFwd || kKind == Kind::kGatedFwd) &&
+                 !(std::getenv("TEFL_PORTABLE_BF16_FAST_ACT") && std::getenv("TEFL_PORTABLE_BF16_FAST_ACT")[0] == '0');
     j.x = DataPtr(x);
     j.g = g ? DataPtr(g) : nullptr;
     j.y = DataPtr(y);
