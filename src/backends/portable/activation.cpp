@@ -135,8 +135,16 @@ using V = hn::Vec<D>;
 // kFast (forward ops with bf16 outputs, whose 8-bit mantissa needs no more):
 // a degree-3 polynomial, relative error 7.5e-5 (vs bf16's half ulp 2^-9 =
 // 2e-3 and TE's bf16 rtol 1e-2); same range handling.
+//
+// AVX-512 targets clamp v at -105 first (max(-105, v): a NaN v stays) and
+// scale by 2^n with vscalefps, which underflows gradually and exactly (e^-105
+// is 0 in fp32): two operations fewer; below -87 the result is then the
+// subnormal e^v (or 0) instead of 0, identical above.
 template <bool kFast = false>
 HWY_INLINE V ExpNonPositive(D d, V v) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  v = hn::Max(hn::Set(d, -105.0f), v);  // _mm512_max_ps: the second operand when either is NaN
+#endif
   const hn::RebindToUnsigned<D> du;
   const V magic = hn::Set(d, 12583039.0f);  // 1.5 * 2^23 + 127
   const V t = hn::MulAdd(v, hn::Set(d, 1.44269504088896341f), magic);
@@ -156,8 +164,13 @@ HWY_INLINE V ExpNonPositive(D d, V v) {
     p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
     p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
   }
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  (void)du;
+  return V{_mm512_scalef_ps(p.raw, n.raw)};
+#else
   const V scale = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(du, t)));
   return hn::IfThenZeroElse(hn::Lt(v, hn::Set(d, -87.0f)), hn::Mul(p, scale));
+#endif
 }
 
 // ---- Sigmoid -----------------------------------------------------------------
