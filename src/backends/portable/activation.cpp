@@ -202,12 +202,13 @@ HWY_INLINE V Sigmoid(D d, V u) {
   return hn::IfThenElse(hn::Lt(u, hn::Zero(d)), q, r);
 }
 
-HWY_INLINE void SigmoidPair(D d, V u, V& s, V& oms) {
+// s = sigmoid(u) and sp = s (1 - s) = r q whatever the sign of u (no second
+// select).
+HWY_INLINE void SigmoidAndSlope(D d, V u, V& s, V& sp) {
   V r, q;
   SigmoidParts(d, u, r, q);
-  const auto neg = hn::Lt(u, hn::Zero(d));
-  s = hn::IfThenElse(neg, q, r);
-  oms = hn::IfThenElse(neg, r, q);
+  s = hn::IfThenElse(hn::Lt(u, hn::Zero(d)), q, r);
+  sp = hn::Mul(r, q);
 }
 
 // ---- Activation functors -------------------------------------------------------
@@ -222,7 +223,8 @@ struct PlainGate {
 // x * (0.5 + 0.5 tanh(x (k0 + k1 x^2))) = x * sigmoid(2 x (k0 + k1 x^2)).
 // dgelu: t = tanh(k0 x (1 + 0.044715 x^2)) = 2 s - 1 with s = sigmoid(2 k0 x
 // (1 + 0.044715 x^2)): 0.5 x (1 - t^2) p + 0.5 (1 + t) = x (2 s (1 - s) p) + s,
-// p = k0 + 0.1070322243 x^2.
+// p = k0 + 0.1070322243 x^2, evaluated as x (s (1 - s) 2p) + s. ActDAct
+// shares DAct's sigmoid: act = x s (the same u up to one ulp of k1).
 //
 // kFast: Act (only) with the bf16-output exp and reciprocal (forward ops of
 // the bf16 fast path); derivatives keep the accurate ones (they cancel near
@@ -235,19 +237,26 @@ struct GeluFnT : PlainGate {
     const V u = hn::Mul(x, hn::MulAdd(c1, hn::Mul(x, x), c0));
     return hn::Mul(x, Sigmoid<kFast>(d, u));
   }
-  HWY_INLINE V DAct(V x) const {
+  // The derivative, and s in sig.
+  HWY_INLINE V DActSig(V x, V& sig) const {
     const D d;
     const V e0 = hn::Set(d, float(2.0 * 0.79788456)), e1 = hn::Set(d, float(2.0 * 0.79788456 * 0.044715));
-    const V p0 = hn::Set(d, 0.79788456f), p1 = hn::Set(d, 0.1070322243f);
-    const V x2 = hn::Min(hn::Mul(x, x), hn::Set(d, FLT_MAX));  // keeps p finite for finite x
-    V s, oms;
-    SigmoidPair(d, hn::Mul(x, hn::MulAdd(e1, x2, e0)), s, oms);
-    const V p = hn::MulAdd(p1, x2, p0);
-    return hn::MulAdd(x, hn::Mul(hn::Add(s, s), hn::Mul(oms, p)), s);
+    const V p0 = hn::Set(d, 2.0f * 0.79788456f), p1 = hn::Set(d, 2.0f * 0.1070322243f);  // 2p
+    const V x2 = hn::Min(hn::Mul(x, x), hn::Set(d, FLT_MAX));                            // keeps p finite for finite x
+    V s, sp;
+    SigmoidAndSlope(d, hn::Mul(x, hn::MulAdd(e1, x2, e0)), s, sp);
+    const V p2 = hn::MulAdd(p1, x2, p0);
+    sig = s;
+    return hn::MulAdd(x, hn::Mul(sp, p2), s);
+  }
+  HWY_INLINE V DAct(V x) const {
+    V s;
+    return DActSig(x, s);
   }
   HWY_INLINE void ActDAct(V x, V& act, V& dact) const {
-    act = Act(x);
-    dact = DAct(x);
+    V s;
+    dact = DActSig(x, s);
+    act = hn::Mul(x, s);
   }
 };
 
@@ -268,10 +277,10 @@ struct SigmoidLinearFnT : PlainGate {
   HWY_INLINE void ActDAct(V x, V& act, V& dact) const {
     const D d;
     const V va = hn::Set(d, alpha);
-    V s, oms;
-    SigmoidPair(d, hn::Mul(va, x), s, oms);
+    V s, sp;
+    SigmoidAndSlope(d, hn::Mul(va, x), s, sp);
     act = hn::Mul(x, s);
-    dact = hn::MulAdd(x, hn::Mul(va, hn::Mul(s, oms)), s);
+    dact = hn::MulAdd(x, hn::Mul(va, sp), s);
   }
 };
 
@@ -310,10 +319,10 @@ struct GluFnT : PlainGate {
     return dact;
   }
   HWY_INLINE void ActDAct(V x, V& act, V& dact) const {
-    V s, oms;
-    SigmoidPair(D(), x, s, oms);
+    V s, sp;
+    SigmoidAndSlope(D(), x, s, sp);
     act = KeepNaN(x, s);
-    dact = KeepNaN(x, hn::Mul(s, oms));
+    dact = KeepNaN(x, sp);
   }
 };
 
