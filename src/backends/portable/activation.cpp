@@ -197,6 +197,28 @@ HWY_INLINE void SigmoidParts(D d, V u, V& r, V& q) {
 
 template <bool kFast = false>
 HWY_INLINE V Sigmoid(D d, V u) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  // kFast on AVX-512: s = 1 / (1 + e^-u) straight, no select. u is clamped to
+  // [-89, 105] (min/max return their second operand for a NaN u, so NaN
+  // stays): e^-u overflows to +inf at -89 (s = 0 exactly, so gelu(-inf) =
+  // -inf * 0 = NaN as TE's formula) and vscalefps underflows it to 0 at 105
+  // (s = the estimate of 1); in between s has the relative error of e^-u
+  // plus the estimate's. The same degree-3 exp as kFast's ExpNonPositive,
+  // on -u.
+  if constexpr (kFast) {
+    u = hn::Min(hn::Set(d, 105.0f), hn::Max(hn::Set(d, -89.0f), u));
+    const V magic = hn::Set(d, 12583039.0f);
+    const V t = hn::MulAdd(u, hn::Set(d, -1.44269504088896341f), magic);  // -u / ln 2 + magic
+    const V n = hn::Sub(t, magic);
+    const V r = hn::NegMulSub(n, hn::Set(d, 0.693147180559945309f), u);  // -u - n ln 2
+    V p = hn::Set(d, 0.16566842252380337f);
+    p = hn::MulAdd(p, r, hn::Set(d, 0.5049633176500491f));
+    p = hn::MulAdd(p, r, hn::Set(d, 1.0001641890817925f));
+    p = hn::MulAdd(p, r, hn::Set(d, 0.9999280720300502f));
+    const V e = V{_mm512_scalef_ps(p.raw, n.raw)};
+    return hn::ApproximateReciprocal(hn::Add(hn::Set(d, 1.0f), e));
+  }
+#endif
   V r, q;
   SigmoidParts<kFast>(d, u, r, q);
   return hn::IfThenElse(hn::Lt(u, hn::Zero(d)), q, r);
