@@ -541,14 +541,15 @@ TEST(ActivationSpecial, DenseSweep) {
   }
 }
 
-// The forward ops with bf16 data take a cheaper sigmoid in default.portable
-// (degree-3 exp, reciprocal estimate without Newton step: relative error
-// ~1.5e-4, under bf16's half ulp). Every bf16 value in [-30, 30] (both
-// tails of every sigmoid) with gate 1: within TE's bf16 rule against the
-// reference, and, where |reference| >= atol, at most one bf16 ulp from it
-// (one rounding of an error far below a half ulp). The share of outputs one
-// ulp off is printed.
-TEST(ActivationSpecial, DenseSweepBf16Forward) {
+// Ops with bf16 data take cheaper sigmoids in default.portable: forward ops
+// a degree-3 exp and the reciprocal estimate without Newton step (relative
+// error ~1.5e-4, under bf16's half ulp), derivatives a degree-4 exp (2.6e-6:
+// they cancel near their roots). Every bf16 value in [-30, 30] (both tails
+// of every sigmoid) with grad and gate 1: every op within TE's bf16 rule
+// against the reference (dbias in bf16 too); forward ops, where |reference|
+// >= atol, at most one bf16 ulp from it (one rounding of an error far below
+// a half ulp; the share one ulp off is printed).
+TEST(ActivationSpecial, DenseSweepBf16) {
   std::vector<double> xs;
   for (uint32_t b = 0; b < 0x10000u; ++b) {
     const double v = tefl::BF16ToFloat(uint16_t(b));
@@ -556,21 +557,28 @@ TEST(ActivationSpecial, DenseSweepBf16Forward) {
   }
   const int64_t n = int64_t(xs.size());
   for (const OpInfo& op : kOps) {
-    if (op.kind != Kind::kFwd && op.kind != Kind::kGatedFwd) continue;
     SCOPED_TRACE(op.name);
     const bool gated = Gated(op.kind);
+    const bool fwd = op.kind == Kind::kFwd || op.kind == Kind::kGatedFwd;
     Problem p = MakeProblem(op, {DType::kBF16, DType::kBF16, DType::kBF16, DType::kBF16}, {1}, n, "sweep");
-    Tensor& x = p.In("input");
+    Tensor& x = p.In(fwd ? "input" : "fwd_input");
     for (int64_t j = 0; j < n; ++j) {
       x.set(j, xs[size_t(j)]);
       if (gated) x.set(n + j, 1.0);
     }
+    if (HasGrad(op.kind)) p.In("grad").Fill(1.0);
     Problem ref = p;
     ASSERT_TRUE(RunImpl(op.name, kReference, Ptrs(ref.in), Ptrs(ref.out), ref.attrs()).ok());
     Problem run = p;
     ASSERT_TRUE(RunImpl(op.name, "default.portable", Ptrs(run.in), Ptrs(run.out), run.attrs()).ok());
     const CompareResult r = Compare(run.out[0].t, ref.out[0].t, ToleranceFor(DType::kBF16));
     EXPECT_EQ(r.mismatches, 0) << r.ToString();
+    if (op.kind == Kind::kDbias) {
+      // One row: dbias is dinput summed in fp32 and rounded once.
+      const CompareResult rd = Compare(run.out[1].t, ref.out[1].t, ToleranceFor(DType::kBF16));
+      EXPECT_EQ(rd.mismatches, 0) << "'dbias': " << rd.ToString();
+    }
+    if (!fwd) continue;
     const auto* got = static_cast<const uint16_t*>(run.out[0].t.bytes());
     const auto* want = static_cast<const uint16_t*>(ref.out[0].t.bytes());
     int64_t off1 = 0;

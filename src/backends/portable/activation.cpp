@@ -82,7 +82,7 @@ struct Job {
   DType fast_t;
   bool stream;    // non-temporal stores (large outputs, 64-byte aligned rows)
   bool native;    // bf16 fast path: round with vcvtne2ps2bf16 (simd_io-inl.h)
-  bool fast_act;  // bf16 fast path of a forward op: the cheaper sigmoid
+  bool fast_act;  // bf16 fast path (and bf16 dbias): the cheaper sigmoids
   const void* x;
   const void* g;
   void* y;
@@ -132,15 +132,17 @@ using V = hn::Vec<D>;
 // gives 0; NaN gives NaN. 11 operations where Highway's contrib Exp, valid on the whole
 // line, takes ~26: the transcendental ops are compute-bound for bf16 data.
 //
-// kFast (forward ops with bf16 outputs, whose 8-bit mantissa needs no more):
-// a degree-3 polynomial, relative error 7.5e-5 (vs bf16's half ulp 2^-9 =
-// 2e-3 and TE's bf16 rtol 1e-2); same range handling.
+// Lower degrees for bf16 outputs, whose 8-bit mantissa needs no more (near-
+// minimax, same range handling): kDeg 3, relative error 7.5e-5 (forward ops:
+// vs bf16's half ulp 2^-9 = 2e-3 and TE's bf16 rtol 1e-2); kDeg 4, 2.6e-6
+// (derivatives, which cancel near their roots where only atol 1e-5 holds:
+// s and x s (1 - s) p of ~0.2 there give an absolute error ~1e-6).
 //
 // AVX-512 targets clamp v at -105 first (max(-105, v): a NaN v stays) and
 // scale by 2^n with vscalefps, which underflows gradually and exactly (e^-105
 // is 0 in fp32): two operations fewer; below -87 the result is then the
 // subnormal e^v (or 0) instead of 0, identical above.
-template <bool kFast = false>
+template <int kDeg = 5>
 HWY_INLINE V ExpNonPositive(D d, V v) {
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   v = hn::Max(hn::Set(d, -105.0f), v);  // _mm512_max_ps: the second operand when either is NaN
@@ -151,12 +153,19 @@ HWY_INLINE V ExpNonPositive(D d, V v) {
   const V n = hn::Sub(t, magic);
   const V r = hn::MulAdd(n, hn::Set(d, -0.693147180559945309f), v);
   V p;
-  if constexpr (kFast) {
+  if constexpr (kDeg == 3) {
     p = hn::Set(d, 0.16566842252380337f);
     p = hn::MulAdd(p, r, hn::Set(d, 0.5049633176500491f));
     p = hn::MulAdd(p, r, hn::Set(d, 1.0001641890817925f));
     p = hn::MulAdd(p, r, hn::Set(d, 0.9999280720300502f));
+  } else if constexpr (kDeg == 4) {
+    p = hn::Set(d, 0.04145860806239317f);
+    p = hn::MulAdd(p, r, hn::Set(d, 0.16790908276062141f));
+    p = hn::MulAdd(p, r, hn::Set(d, 0.5000435872713622f));
+    p = hn::MulAdd(p, r, hn::Set(d, 0.9999634042348399f));
+    p = hn::MulAdd(p, r, hn::Set(d, 0.9999992614265667f));
   } else {
+    static_assert(kDeg == 5);
     p = hn::Set(d, 0.008312475867569447f);
     p = hn::MulAdd(p, r, hn::Set(d, 0.041890550404787064f));
     p = hn::MulAdd(p, r, hn::Set(d, 0.16667115688323975f));
@@ -190,7 +199,7 @@ HWY_INLINE V Recip12(D d, V v) {  // 1 / v for v in [1, 2]
 
 template <bool kFast = false>
 HWY_INLINE void SigmoidParts(D d, V u, V& r, V& q) {
-  const V e = ExpNonPositive<kFast>(d, hn::Or(u, hn::SignBit(d)));  // exp(-|u|)
+  const V e = ExpNonPositive < kFast ? 3 : 5 > (d, hn::Or(u, hn::SignBit(d)));  // exp(-|u|)
   r = Recip12<kFast>(d, hn::Add(hn::Set(d, 1.0f), e));
   q = hn::Mul(e, r);
 }
@@ -225,10 +234,12 @@ HWY_INLINE V Sigmoid(D d, V u) {
 }
 
 // s = sigmoid(u) and sp = s (1 - s) = r q whatever the sign of u (no second
-// select).
+// select). kBf16: the degree-4 exp (bf16 outputs of derivatives).
+template <bool kBf16 = false>
 HWY_INLINE void SigmoidAndSlope(D d, V u, V& s, V& sp) {
-  V r, q;
-  SigmoidParts(d, u, r, q);
+  const V e = ExpNonPositive < kBf16 ? 4 : 5 > (d, hn::Or(u, hn::SignBit(d)));  // exp(-|u|)
+  const V r = Recip12(d, hn::Add(hn::Set(d, 1.0f), e));
+  const V q = hn::Mul(e, r);
   s = hn::IfThenElse(hn::Lt(u, hn::Zero(d)), q, r);
   sp = hn::Mul(r, q);
 }
@@ -248,9 +259,8 @@ struct PlainGate {
 // p = k0 + 0.1070322243 x^2, evaluated as x (s (1 - s) 2p) + s. ActDAct
 // shares DAct's sigmoid: act = x s (the same u up to one ulp of k1).
 //
-// kFast: Act (only) with the bf16-output exp and reciprocal (forward ops of
-// the bf16 fast path); derivatives keep the accurate ones (they cancel near
-// their roots, where only atol 1e-5 is allowed).
+// kFast (bf16 fast path): Act with the degree-3 exp and the bare reciprocal
+// estimate, DAct / ActDAct with the degree-4 exp (ExpNonPositive).
 template <bool kFast = false>
 struct GeluFnT : PlainGate {
   HWY_INLINE V Act(V x) const {
@@ -266,7 +276,7 @@ struct GeluFnT : PlainGate {
     const V p0 = hn::Set(d, 2.0f * 0.79788456f), p1 = hn::Set(d, 2.0f * 0.1070322243f);  // 2p
     const V x2 = hn::Min(hn::Mul(x, x), hn::Set(d, FLT_MAX));                            // keeps p finite for finite x
     V s, sp;
-    SigmoidAndSlope(d, hn::Mul(x, hn::MulAdd(e1, x2, e0)), s, sp);
+    SigmoidAndSlope<kFast>(d, hn::Mul(x, hn::MulAdd(e1, x2, e0)), s, sp);
     const V p2 = hn::MulAdd(p1, x2, p0);
     sig = s;
     return hn::MulAdd(x, hn::Mul(sp, p2), s);
@@ -300,7 +310,7 @@ struct SigmoidLinearFnT : PlainGate {
     const D d;
     const V va = hn::Set(d, alpha);
     V s, sp;
-    SigmoidAndSlope(d, hn::Mul(va, x), s, sp);
+    SigmoidAndSlope<kFast>(d, hn::Mul(va, x), s, sp);
     act = hn::Mul(x, s);
     dact = hn::MulAdd(x, hn::Mul(va, sp), s);
   }
@@ -342,7 +352,7 @@ struct GluFnT : PlainGate {
   }
   HWY_INLINE void ActDAct(V x, V& act, V& dact) const {
     V s, sp;
-    SigmoidAndSlope(D(), x, s, sp);
+    SigmoidAndSlope<kFast>(D(), x, s, sp);
     act = KeepNaN(x, s);
     dact = KeepNaN(x, sp);
   }
@@ -366,7 +376,7 @@ struct ClampedFnT {
     return dact;
   }
   HWY_INLINE void ActDAct(V a, V& act, V& dact) const {
-    SigmoidLinearFnT<false>{{}, alpha}.ActDAct(Clamp(a), act, dact);
+    SigmoidLinearFnT<kFast>{{}, alpha}.ActDAct(Clamp(a), act, dact);
     dact = hn::IfThenZeroElse(hn::Gt(a, hn::Set(D(), limit)), dact);
   }
   HWY_INLINE V Gate(V b) const {
@@ -763,7 +773,7 @@ HWY_NOINLINE void RunItems(const Fn& fn, const Job& j, int64_t begin, int64_t en
 }
 
 // The activations of kind kKind (glu and clamped SwiGLU are gated only);
-// kFast: the bf16-output exp and reciprocal in Act.
+// kFast: the bf16-output exp and reciprocal (the functors' kFast).
 template <Kind kKind, bool kFast>
 HWY_INLINE void ItemsOfAct(const Job& j, int64_t begin, int64_t end) {
   constexpr bool kGated = kKind == Kind::kGatedFwd || kKind == Kind::kGatedBwd;
@@ -787,13 +797,11 @@ HWY_INLINE void ItemsOfAct(const Job& j, int64_t begin, int64_t end) {
   }
 }
 
-// Forward ops whose output is bf16 on the one-dtype path take the cheaper
-// sigmoid (Job::fast_act); everything else the accurate one.
+// bf16 outputs on the one-dtype path take the cheaper sigmoids
+// (Job::fast_act); everything else the accurate ones.
 template <Kind kKind>
 HWY_INLINE void ItemsOfKind(const Job& j, int64_t begin, int64_t end) {
-  if constexpr (kKind == Kind::kFwd || kKind == Kind::kGatedFwd) {
-    if (j.fast_act) return ItemsOfAct<kKind, true>(j, begin, end);
-  }
+  if (j.fast_act) return ItemsOfAct<kKind, true>(j, begin, end);
   return ItemsOfAct<kKind, false>(j, begin, end);
 }
 
@@ -949,7 +957,7 @@ tefl_status* Kernel(const tefl_call_frame* f, void*) {
     j.fast = j.tx == j.tg && j.tx == j.ty && j.tx != DType::kF16;
     j.fast_t = j.tx;
     j.native = j.fast && j.tx == DType::kBF16 && UseBf16NativeStore();
-    j.fast_act = j.fast && j.tx == DType::kBF16 && (kKind == Kind::kFwd || kKind == Kind::kGatedFwd) &&
+    j.fast_act = j.fast && j.tx == DType::kBF16 && (kKind != Kind::kDbias || tdb == DType::kBF16) &&
                  !(std::getenv("TEFL_PORTABLE_BF16_FAST_ACT") && std::getenv("TEFL_PORTABLE_BF16_FAST_ACT")[0] == '0');
     j.x = DataPtr(x);
     j.g = g ? DataPtr(g) : nullptr;
