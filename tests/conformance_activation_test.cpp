@@ -15,6 +15,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -540,6 +541,66 @@ TEST(ActivationSpecial, DenseSweep) {
   }
 }
 
+// Ops with bf16 data take cheaper sigmoids in default.portable: forward ops
+// a degree-3 exp and the reciprocal estimate without Newton step (relative
+// error ~1.5e-4, under bf16's half ulp), derivatives a degree-4 exp (2.6e-6:
+// they cancel near their roots). Every bf16 value in [-30, 30] (both tails
+// of every sigmoid) with grad and gate 1: every op within TE's bf16 rule
+// against the reference (dbias in bf16 too); forward ops, where |reference|
+// >= atol, at most one bf16 ulp from it (one rounding of an error far below
+// a half ulp; the share one ulp off is printed).
+TEST(ActivationSpecial, DenseSweepBf16) {
+  std::vector<double> xs;
+  for (uint32_t b = 0; b < 0x10000u; ++b) {
+    const double v = tefl::BF16ToFloat(uint16_t(b));
+    if (std::isfinite(v) && std::fabs(v) <= 30.0) xs.push_back(v);
+  }
+  const int64_t n = int64_t(xs.size());
+  for (const OpInfo& op : kOps) {
+    SCOPED_TRACE(op.name);
+    const bool gated = Gated(op.kind);
+    const bool fwd = op.kind == Kind::kFwd || op.kind == Kind::kGatedFwd;
+    Problem p = MakeProblem(op, {DType::kBF16, DType::kBF16, DType::kBF16, DType::kBF16}, {1}, n, "sweep");
+    Tensor& x = p.In(fwd ? "input" : "fwd_input");
+    for (int64_t j = 0; j < n; ++j) {
+      x.set(j, xs[size_t(j)]);
+      if (gated) x.set(n + j, 1.0);
+    }
+    if (HasGrad(op.kind)) p.In("grad").Fill(1.0);
+    Problem ref = p;
+    ASSERT_TRUE(RunImpl(op.name, kReference, Ptrs(ref.in), Ptrs(ref.out), ref.attrs()).ok());
+    Problem run = p;
+    ASSERT_TRUE(RunImpl(op.name, "default.portable", Ptrs(run.in), Ptrs(run.out), run.attrs()).ok());
+    const CompareResult r = Compare(run.out[0].t, ref.out[0].t, ToleranceFor(DType::kBF16));
+    EXPECT_EQ(r.mismatches, 0) << r.ToString();
+    if (op.kind == Kind::kDbias) {
+      // One row: dbias is dinput summed in fp32 and rounded once.
+      const CompareResult rd = Compare(run.out[1].t, ref.out[1].t, ToleranceFor(DType::kBF16));
+      EXPECT_EQ(rd.mismatches, 0) << "'dbias': " << rd.ToString();
+    }
+    if (!fwd) continue;
+    const auto* got = static_cast<const uint16_t*>(run.out[0].t.bytes());
+    const auto* want = static_cast<const uint16_t*>(ref.out[0].t.bytes());
+    int64_t off1 = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      // Below atol the reference's own tail (1 + tanh(y) in double, for
+      // gelu) is not accurate to a bf16 ulp; atol governs there.
+      if (got[j] == want[j] || std::fabs(ref.out[0].t.at(j)) < 1e-5) continue;
+      // Same sign: bf16 bit patterns are ordered by magnitude.
+      const int d = int(got[j] & 0x7FFF) - int(want[j] & 0x7FFF);
+      const bool neighbours =
+          (got[j] & 0x8000) == (want[j] & 0x8000) ? (d == 1 || d == -1) : (got[j] & 0x7FFF) + (want[j] & 0x7FFF) == 1;
+      if (neighbours) {
+        ++off1;
+      } else {
+        ADD_FAILURE() << "x = " << xs[size_t(j)] << ": bits " << std::hex << got[j] << ", reference " << want[j];
+      }
+    }
+    std::printf("[  NOTE    ] %s bf16 on default.portable: %.3f%% of %lld outputs one ulp from the reference\n",
+                op.name, 100.0 * double(off1) / double(n), static_cast<long long>(n));
+  }
+}
+
 // The IEEE results of TE's formulas at +-inf, by value.
 TEST(ActivationSpecial, InfinityLimits) {
   struct Case {
@@ -744,6 +805,63 @@ TEST(ActivationSpecial, LargeAlignedOutputs) {
         const CompareResult rd = CompareDbias(run.out[1].t, ref.out[1].t, want);
         EXPECT_EQ(rd.mismatches, 0) << "'dbias': " << rd.ToString();
       }
+    }
+  }
+}
+
+// default.portable's bf16 stores round with vcvtne2ps2bf16 where the CPU has
+// AVX512-BF16 (TEFL_PORTABLE_BF16_CVT=0 forces Highway's integer rounding):
+// both paths give the same bits on every op, for data with specials, huge and
+// subnormal values (the instruction reads subnormal fp32 as 0; the kernel
+// falls back for those steps), odd widths (full steps and tails) and dbias.
+TEST(ActivationSpecial, Bf16NativeStoreMatchesIntegerRounding) {
+  const char* impl = "default.portable";
+  const std::vector<double> sv = SpecialValues();
+  std::printf("[  NOTE    ] AVX512-BF16 on this CPU: %s\n",
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+              __builtin_cpu_supports("avx512bf16") ? "yes (both paths compared)" : "no (one path)"
+#else
+              "no (one path)"
+#endif
+  );
+  for (const OpInfo& op : kOps) {
+    SCOPED_TRACE(op.name);
+    const int64_t h = 77;
+    Problem p = MakeProblem(op, {DType::kBF16, DType::kBF16, DType::kBF16, DType::kBF16}, {6}, h, "native");
+    p.clamp = {TEFL_CLAMPED_SWIGLU_ATTRS_STRUCT_SIZE, 7.0f, 1.702f};
+    Tensor& x = p.In(op.kind == Kind::kFwd || op.kind == Kind::kGatedFwd ? "input" : "fwd_input");
+    const int64_t n = x.numel();
+    // Row 0 of x: specials; rows 1-2: scaled down into fp32 subnormal
+    // outputs (relu(x), gelu(x) ~ x / 2); rows 3-5: plain data.
+    for (int64_t i = 0; i < n / 6; ++i) {
+      x.set(i, sv[size_t(i) % sv.size()]);
+      x.set(n / 6 + i, x.at(n / 6 + i) * 1e-37);
+      x.set(2 * n / 6 + i, x.at(2 * n / 6 + i) * 3e-39);
+    }
+    if (HasGrad(op.kind)) {
+      Tensor& g = p.In("grad");
+      for (int64_t i = 0; i < g.numel() / 6; ++i) g.set(3 * g.numel() / 6 + i, g.at(3 * g.numel() / 6 + i) * 1e-38);
+    }
+    Problem hwy = p, native = p;
+    setenv("TEFL_PORTABLE_BF16_CVT", "0", 1);
+    const Status s0 = RunImpl(op.name, impl, Ptrs(hwy.in), Ptrs(hwy.out), hwy.attrs());
+    unsetenv("TEFL_PORTABLE_BF16_CVT");
+    ASSERT_TRUE(s0.ok()) << s0.ToString();
+    const Status s1 = RunImpl(op.name, impl, Ptrs(native.in), Ptrs(native.out), native.attrs());
+    ASSERT_TRUE(s1.ok()) << s1.ToString();
+    for (size_t o = 0; o < p.out.size(); ++o) {
+      const Tensor& a = hwy.out[o].t;
+      const Tensor& b = native.out[o].t;
+      ASSERT_EQ(a.nbytes(), b.nbytes());
+      const auto* pa = static_cast<const uint16_t*>(a.bytes());
+      const auto* pb = static_cast<const uint16_t*>(b.bytes());
+      int64_t diffs = 0;
+      for (size_t i = 0; i < a.nbytes() / 2; ++i) {
+        if (pa[i] != pb[i] && diffs++ < 5)
+          ADD_FAILURE() << "'" << p.out[o].name << "' element " << i << ": integer rounding " << std::hex << pa[i]
+                        << ", vcvtne2ps2bf16 " << pb[i];
+      }
+      EXPECT_EQ(diffs, 0) << "'" << p.out[o].name << "'";
     }
   }
 }

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -637,6 +638,53 @@ TEST(SoftmaxConformanceSpecial, EmptyRowsAreZero) {
                  EXPECT_NEAR(sum, 1.0, 2e-2);
                }
              });
+  }
+}
+
+// default.portable rounds bf16 y (forward) and dx (backward) with
+// vcvtne2ps2bf16 where the CPU has AVX512-BF16; TEFL_PORTABLE_BF16_CVT=0
+// forces Highway's integer rounding. Both give the same bits: rows with wide
+// score ranges (subnormal and zero probabilities, where the instruction would
+// read subnormals as 0 and the kernel falls back), NaN/inf rows, masked rows
+// and odd widths (vector steps and tails).
+TEST(SoftmaxConformanceSpecial, Bf16NativeStoreMatchesIntegerRounding) {
+  const char* impl = "default.portable";
+  const std::vector<int64_t> shape = {2, 3, 6, 83};
+  Tensor x(DType::kBF16, shape), dy(DType::kBF16, shape), m(DType::kU8, {1, 1, 6, 83});
+  x.Uniform("native_x");
+  dy.Uniform("native_dy");
+  for (int64_t j = 0; j < 83; ++j) {
+    x.set(0 * 83 + j, x.at(j) * 60.0);                     // probabilities down to e^-120: subnormal and 0
+    x.set(1 * 83 + j, j % 7 == 0 ? -1e30 : x.at(83 + j));  // zeros
+    m.set(2 * 83 + j, j % 3 == 0);
+  }
+  x.set(3 * 83 + 5, std::nan(""));
+  x.set(4 * 83 + 9, std::numeric_limits<double>::infinity());
+  for (int64_t j = 0; j < 83; ++j) dy.set(5 * 83 + j, dy.at(5 * 83 + j) * 1e-36);  // subnormal dx
+  const tefl_softmax_attrs attrs = Attrs(1.5f);
+  for (const char* op : {"scaled_softmax_forward", "scaled_masked_softmax_forward"}) {
+    SCOPED_TRACE(op);
+    std::vector<Tensor*> in = {&x};
+    if (std::string(op) == "scaled_masked_softmax_forward") in.push_back(&m);
+    Tensor y0(DType::kBF16, shape), y1(DType::kBF16, shape);
+    setenv("TEFL_PORTABLE_BF16_CVT", "0", 1);
+    const Status s0 = RunImpl(op, impl, in, {&y0}, &attrs);
+    unsetenv("TEFL_PORTABLE_BF16_CVT");
+    ASSERT_TRUE(s0.ok()) << s0.ToString();
+    ASSERT_TRUE(RunImpl(op, impl, in, {&y1}, &attrs).ok());
+    EXPECT_EQ(std::memcmp(y0.bytes(), y1.bytes(), y0.nbytes()), 0);
+    // Backward on the forward's output.
+    Tensor dx0(DType::kBF16, shape), dx1(DType::kBF16, shape);
+    setenv("TEFL_PORTABLE_BF16_CVT", "0", 1);
+    const Status b0 = RunImpl("scaled_softmax_backward", impl, {&dy, &y0}, {&dx0}, &attrs);
+    unsetenv("TEFL_PORTABLE_BF16_CVT");
+    ASSERT_TRUE(b0.ok()) << b0.ToString();
+    ASSERT_TRUE(RunImpl("scaled_softmax_backward", impl, {&dy, &y0}, {&dx1}, &attrs).ok());
+    EXPECT_EQ(std::memcmp(dx0.bytes(), dx1.bytes(), dx0.nbytes()), 0);
+    int64_t subnormal = 0;
+    for (int64_t i = 0; i < y0.numel(); ++i) subnormal += y0.at(i) != 0 && std::fabs(y0.at(i)) < 1.1754944e-38;
+    for (int64_t i = 0; i < dx0.numel(); ++i) subnormal += dx0.at(i) != 0 && std::fabs(dx0.at(i)) < 1.1754944e-38;
+    EXPECT_GT(subnormal, 0) << "the data should reach the subnormal fallback";
   }
 }
 

@@ -80,7 +80,9 @@ struct Job {
   DType tx, tg, ty;
   bool fast;  // every tensor has dtype `fast_t` (f32 or bf16): no staging
   DType fast_t;
-  bool stream;  // non-temporal stores (large outputs, 64-byte aligned rows)
+  bool stream;    // non-temporal stores (large outputs, 64-byte aligned rows)
+  bool native;    // bf16 fast path: round with vcvtne2ps2bf16 (simd_io-inl.h)
+  bool fast_act;  // bf16 fast path (and bf16 dbias): the cheaper sigmoids
   const void* x;
   const void* g;
   void* y;
@@ -129,20 +131,55 @@ using V = hn::Vec<D>;
 // (2^n no longer normal) the result is 0 (the true value is < 2e-38). -inf
 // gives 0; NaN gives NaN. 11 operations where Highway's contrib Exp, valid on the whole
 // line, takes ~26: the transcendental ops are compute-bound for bf16 data.
+//
+// Lower degrees for bf16 outputs, whose 8-bit mantissa needs no more (near-
+// minimax, same range handling): kDeg 3, relative error 7.5e-5 (forward ops:
+// vs bf16's half ulp 2^-9 = 2e-3 and TE's bf16 rtol 1e-2); kDeg 4, 2.6e-6
+// (derivatives, which cancel near their roots where only atol 1e-5 holds:
+// s and x s (1 - s) p of ~0.2 there give an absolute error ~1e-6).
+//
+// AVX-512 targets clamp v at -105 first (max(-105, v): a NaN v stays) and
+// scale by 2^n with vscalefps, which underflows gradually and exactly (e^-105
+// is 0 in fp32): two operations fewer; below -87 the result is then the
+// subnormal e^v (or 0) instead of 0, identical above.
+template <int kDeg = 5>
 HWY_INLINE V ExpNonPositive(D d, V v) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  v = hn::Max(hn::Set(d, -105.0f), v);  // _mm512_max_ps: the second operand when either is NaN
+#endif
   const hn::RebindToUnsigned<D> du;
   const V magic = hn::Set(d, 12583039.0f);  // 1.5 * 2^23 + 127
   const V t = hn::MulAdd(v, hn::Set(d, 1.44269504088896341f), magic);
   const V n = hn::Sub(t, magic);
   const V r = hn::MulAdd(n, hn::Set(d, -0.693147180559945309f), v);
-  V p = hn::Set(d, 0.008312475867569447f);
-  p = hn::MulAdd(p, r, hn::Set(d, 0.041890550404787064f));
-  p = hn::MulAdd(p, r, hn::Set(d, 0.16667115688323975f));
-  p = hn::MulAdd(p, r, hn::Set(d, 0.4999922811985016f));
-  p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
-  p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
+  V p;
+  if constexpr (kDeg == 3) {
+    p = hn::Set(d, 0.16566842252380337f);
+    p = hn::MulAdd(p, r, hn::Set(d, 0.5049633176500491f));
+    p = hn::MulAdd(p, r, hn::Set(d, 1.0001641890817925f));
+    p = hn::MulAdd(p, r, hn::Set(d, 0.9999280720300502f));
+  } else if constexpr (kDeg == 4) {
+    p = hn::Set(d, 0.04145860806239317f);
+    p = hn::MulAdd(p, r, hn::Set(d, 0.16790908276062141f));
+    p = hn::MulAdd(p, r, hn::Set(d, 0.5000435872713622f));
+    p = hn::MulAdd(p, r, hn::Set(d, 0.9999634042348399f));
+    p = hn::MulAdd(p, r, hn::Set(d, 0.9999992614265667f));
+  } else {
+    static_assert(kDeg == 5);
+    p = hn::Set(d, 0.008312475867569447f);
+    p = hn::MulAdd(p, r, hn::Set(d, 0.041890550404787064f));
+    p = hn::MulAdd(p, r, hn::Set(d, 0.16667115688323975f));
+    p = hn::MulAdd(p, r, hn::Set(d, 0.4999922811985016f));
+    p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
+    p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
+  }
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  (void)du;
+  return V{_mm512_scalef_ps(p.raw, n.raw)};
+#else
   const V scale = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(du, t)));
   return hn::IfThenZeroElse(hn::Lt(v, hn::Set(d, -87.0f)), hn::Mul(p, scale));
+#endif
 }
 
 // ---- Sigmoid -----------------------------------------------------------------
@@ -151,29 +188,60 @@ HWY_INLINE V ExpNonPositive(D d, V v) {
 // side cancels, exp never overflows, and the reciprocal of 1 + e in [1, 2] is
 // a hardware estimate refined by one Newton step (~1 ulp). u = +-inf gives
 // exactly 1 and 0; a NaN u gives NaN.
+// kFast: the estimate alone (AVX-512 rcp14: relative error < 2^-14; the
+// other targets' estimates are 2^-12 or better), for bf16 outputs.
+template <bool kFast = false>
 HWY_INLINE V Recip12(D d, V v) {  // 1 / v for v in [1, 2]
   const V r0 = hn::ApproximateReciprocal(v);
+  if constexpr (kFast) return r0;
   return hn::Mul(r0, hn::NegMulAdd(v, r0, hn::Set(d, 2.0f)));
 }
 
+template <bool kFast = false>
 HWY_INLINE void SigmoidParts(D d, V u, V& r, V& q) {
-  const V e = ExpNonPositive(d, hn::Or(u, hn::SignBit(d)));  // exp(-|u|)
-  r = Recip12(d, hn::Add(hn::Set(d, 1.0f), e));
+  const V e = ExpNonPositive < kFast ? 3 : 5 > (d, hn::Or(u, hn::SignBit(d)));  // exp(-|u|)
+  r = Recip12<kFast>(d, hn::Add(hn::Set(d, 1.0f), e));
   q = hn::Mul(e, r);
 }
 
+template <bool kFast = false>
 HWY_INLINE V Sigmoid(D d, V u) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  // kFast on AVX-512: s = 1 / (1 + e^-u) straight, no select. u is clamped to
+  // [-89, 105] (min/max return their second operand for a NaN u, so NaN
+  // stays): e^-u overflows to +inf at -89 (s = 0 exactly, so gelu(-inf) =
+  // -inf * 0 = NaN as TE's formula) and vscalefps underflows it to 0 at 105
+  // (s = the estimate of 1); in between s has the relative error of e^-u
+  // plus the estimate's. The same degree-3 exp as kFast's ExpNonPositive,
+  // on -u.
+  if constexpr (kFast) {
+    u = hn::Min(hn::Set(d, 105.0f), hn::Max(hn::Set(d, -89.0f), u));
+    const V magic = hn::Set(d, 12583039.0f);
+    const V t = hn::MulAdd(u, hn::Set(d, -1.44269504088896341f), magic);  // -u / ln 2 + magic
+    const V n = hn::Sub(t, magic);
+    const V r = hn::NegMulSub(n, hn::Set(d, 0.693147180559945309f), u);  // -u - n ln 2
+    V p = hn::Set(d, 0.16566842252380337f);
+    p = hn::MulAdd(p, r, hn::Set(d, 0.5049633176500491f));
+    p = hn::MulAdd(p, r, hn::Set(d, 1.0001641890817925f));
+    p = hn::MulAdd(p, r, hn::Set(d, 0.9999280720300502f));
+    const V e = V{_mm512_scalef_ps(p.raw, n.raw)};
+    return hn::ApproximateReciprocal(hn::Add(hn::Set(d, 1.0f), e));
+  }
+#endif
   V r, q;
-  SigmoidParts(d, u, r, q);
+  SigmoidParts<kFast>(d, u, r, q);
   return hn::IfThenElse(hn::Lt(u, hn::Zero(d)), q, r);
 }
 
-HWY_INLINE void SigmoidPair(D d, V u, V& s, V& oms) {
-  V r, q;
-  SigmoidParts(d, u, r, q);
-  const auto neg = hn::Lt(u, hn::Zero(d));
-  s = hn::IfThenElse(neg, q, r);
-  oms = hn::IfThenElse(neg, r, q);
+// s = sigmoid(u) and sp = s (1 - s) = r q whatever the sign of u (no second
+// select). kBf16: the degree-4 exp (bf16 outputs of derivatives).
+template <bool kBf16 = false>
+HWY_INLINE void SigmoidAndSlope(D d, V u, V& s, V& sp) {
+  const V e = ExpNonPositive < kBf16 ? 4 : 5 > (d, hn::Or(u, hn::SignBit(d)));  // exp(-|u|)
+  const V r = Recip12(d, hn::Add(hn::Set(d, 1.0f), e));
+  const V q = hn::Mul(e, r);
+  s = hn::IfThenElse(hn::Lt(u, hn::Zero(d)), q, r);
+  sp = hn::Mul(r, q);
 }
 
 // ---- Activation functors -------------------------------------------------------
@@ -188,37 +256,50 @@ struct PlainGate {
 // x * (0.5 + 0.5 tanh(x (k0 + k1 x^2))) = x * sigmoid(2 x (k0 + k1 x^2)).
 // dgelu: t = tanh(k0 x (1 + 0.044715 x^2)) = 2 s - 1 with s = sigmoid(2 k0 x
 // (1 + 0.044715 x^2)): 0.5 x (1 - t^2) p + 0.5 (1 + t) = x (2 s (1 - s) p) + s,
-// p = k0 + 0.1070322243 x^2.
-struct GeluFn : PlainGate {
+// p = k0 + 0.1070322243 x^2, evaluated as x (s (1 - s) 2p) + s. ActDAct
+// shares DAct's sigmoid: act = x s (the same u up to one ulp of k1).
+//
+// kFast (bf16 fast path): Act with the degree-3 exp and the bare reciprocal
+// estimate, DAct / ActDAct with the degree-4 exp (ExpNonPositive).
+template <bool kFast = false>
+struct GeluFnT : PlainGate {
   HWY_INLINE V Act(V x) const {
     const D d;
     const V c0 = hn::Set(d, 2.0f * 0.79788456f), c1 = hn::Set(d, 2.0f * 0.03567741f);
     const V u = hn::Mul(x, hn::MulAdd(c1, hn::Mul(x, x), c0));
-    return hn::Mul(x, Sigmoid(d, u));
+    return hn::Mul(x, Sigmoid<kFast>(d, u));
   }
-  HWY_INLINE V DAct(V x) const {
+  // The derivative, and s in sig.
+  HWY_INLINE V DActSig(V x, V& sig) const {
     const D d;
     const V e0 = hn::Set(d, float(2.0 * 0.79788456)), e1 = hn::Set(d, float(2.0 * 0.79788456 * 0.044715));
-    const V p0 = hn::Set(d, 0.79788456f), p1 = hn::Set(d, 0.1070322243f);
-    const V x2 = hn::Min(hn::Mul(x, x), hn::Set(d, FLT_MAX));  // keeps p finite for finite x
-    V s, oms;
-    SigmoidPair(d, hn::Mul(x, hn::MulAdd(e1, x2, e0)), s, oms);
-    const V p = hn::MulAdd(p1, x2, p0);
-    return hn::MulAdd(x, hn::Mul(hn::Add(s, s), hn::Mul(oms, p)), s);
+    const V p0 = hn::Set(d, 2.0f * 0.79788456f), p1 = hn::Set(d, 2.0f * 0.1070322243f);  // 2p
+    const V x2 = hn::Min(hn::Mul(x, x), hn::Set(d, FLT_MAX));                            // keeps p finite for finite x
+    V s, sp;
+    SigmoidAndSlope<kFast>(d, hn::Mul(x, hn::MulAdd(e1, x2, e0)), s, sp);
+    const V p2 = hn::MulAdd(p1, x2, p0);
+    sig = s;
+    return hn::MulAdd(x, hn::Mul(sp, p2), s);
+  }
+  HWY_INLINE V DAct(V x) const {
+    V s;
+    return DActSig(x, s);
   }
   HWY_INLINE void ActDAct(V x, V& act, V& dact) const {
-    act = Act(x);
-    dact = DAct(x);
+    V s;
+    dact = DActSig(x, s);
+    act = hn::Mul(x, s);
   }
 };
 
 // x * sigmoid(alpha x): qgelu (alpha 1.702), silu (alpha 1) and clamped
 // SwiGLU's activation. Derivative x (alpha s (1 - s)) + s.
-struct SigmoidLinearFn : PlainGate {
+template <bool kFast = false>
+struct SigmoidLinearFnT : PlainGate {
   float alpha;
   HWY_INLINE V Act(V x) const {
     const D d;
-    return hn::Mul(x, Sigmoid(d, hn::Mul(hn::Set(d, alpha), x)));
+    return hn::Mul(x, Sigmoid<kFast>(d, hn::Mul(hn::Set(d, alpha), x)));
   }
   HWY_INLINE V DAct(V x) const {
     V act, dact;
@@ -228,10 +309,10 @@ struct SigmoidLinearFn : PlainGate {
   HWY_INLINE void ActDAct(V x, V& act, V& dact) const {
     const D d;
     const V va = hn::Set(d, alpha);
-    V s, oms;
-    SigmoidPair(d, hn::Mul(va, x), s, oms);
+    V s, sp;
+    SigmoidAndSlope<kFast>(d, hn::Mul(va, x), s, sp);
     act = hn::Mul(x, s);
-    dact = hn::MulAdd(x, hn::Mul(va, hn::Mul(s, oms)), s);
+    dact = hn::MulAdd(x, hn::Mul(va, sp), s);
   }
 };
 
@@ -260,19 +341,20 @@ struct SreluFn : PlainGate {
 };
 
 // glu: act = sigmoid(x), dact = s (1 - s); a NaN x is put back.
-struct GluFn : PlainGate {
+template <bool kFast = false>
+struct GluFnT : PlainGate {
   HWY_INLINE static V KeepNaN(V x, V v) { return hn::IfThenElse(hn::IsNaN(x), x, v); }
-  HWY_INLINE V Act(V x) const { return KeepNaN(x, Sigmoid(D(), x)); }
+  HWY_INLINE V Act(V x) const { return KeepNaN(x, Sigmoid<kFast>(D(), x)); }
   HWY_INLINE V DAct(V x) const {
     V act, dact;
     ActDAct(x, act, dact);
     return dact;
   }
   HWY_INLINE void ActDAct(V x, V& act, V& dact) const {
-    V s, oms;
-    SigmoidPair(D(), x, s, oms);
+    V s, sp;
+    SigmoidAndSlope<kFast>(D(), x, s, sp);
     act = KeepNaN(x, s);
-    dact = KeepNaN(x, hn::Mul(s, oms));
+    dact = KeepNaN(x, sp);
   }
 };
 
@@ -280,20 +362,21 @@ struct GluFn : PlainGate {
 // alpha a'), no gradient where a > limit; b' = clamp(b, -limit, limit) + 1,
 // no gradient where b < -limit or b > limit (TE: a == limit and |b| == limit
 // pass gradient).
-struct ClampedFn {
+template <bool kFast = false>
+struct ClampedFnT {
   float limit, alpha;
   HWY_INLINE V Clamp(V a) const {
     const V vl = hn::Set(D(), limit);
     return hn::IfThenElse(hn::Gt(a, vl), vl, a);
   }
-  HWY_INLINE V Act(V a) const { return SigmoidLinearFn{{}, alpha}.Act(Clamp(a)); }
+  HWY_INLINE V Act(V a) const { return SigmoidLinearFnT<kFast>{{}, alpha}.Act(Clamp(a)); }
   HWY_INLINE V DAct(V a) const {
     V act, dact;
     ActDAct(a, act, dact);
     return dact;
   }
   HWY_INLINE void ActDAct(V a, V& act, V& dact) const {
-    SigmoidLinearFn{{}, alpha}.ActDAct(Clamp(a), act, dact);
+    SigmoidLinearFnT<kFast>{{}, alpha}.ActDAct(Clamp(a), act, dact);
     dact = hn::IfThenZeroElse(hn::Gt(a, hn::Set(D(), limit)), dact);
   }
   HWY_INLINE V Gate(V b) const {
@@ -307,6 +390,11 @@ struct ClampedFn {
     return hn::IfThenZeroElse(hn::Or(hn::Lt(b, hn::Set(d, -limit)), hn::Gt(b, hn::Set(d, limit))), v);
   }
 };
+
+using GeluFn = GeluFnT<false>;
+using SigmoidLinearFn = SigmoidLinearFnT<false>;
+using GluFn = GluFnT<false>;
+using ClampedFn = ClampedFnT<false>;
 
 // ---- Element access ------------------------------------------------------------
 // Up to Lanes(d) elements through an aligned buffer (tails).
@@ -341,6 +429,7 @@ HWY_INLINE void LoadStep(D d, const bfloat16_t* HWY_RESTRICT p, V* v) {
   v[0] = hn::BitCast(d, hn::ShiftLeft<16>(w));
   v[1] = hn::BitCast(d, hn::And(w, hn::Set(du, 0xFFFF0000u)));
 }
+template <bool kNative = false>
 HWY_INLINE void StoreStep(D d, const V* v, float* HWY_RESTRICT p, bool stream) {
   if (stream) {
     hn::Stream(v[0], d, p);
@@ -348,15 +437,27 @@ HWY_INLINE void StoreStep(D d, const V* v, float* HWY_RESTRICT p, bool stream) {
     hn::StoreU(v[0], d, p);
   }
 }
+// kNative: vcvtne2ps2bf16 (TEFL_BF16_NATIVE targets, Job::native), bit for
+// bit the same as the integer rounding.
+template <bool kNative = false>
 HWY_INLINE void StoreStep(D d, const V* v, bfloat16_t* HWY_RESTRICT p, bool stream) {
   const hn::RebindToUnsigned<D> du;
-  const auto lo = hn::ShiftRight<16>(RoundBF16Hi(v[0], d));  // rounded to nearest even
-  const auto hi = hn::And(RoundBF16Hi(v[1], d), hn::Set(du, 0xFFFF0000u));
+  hn::Vec<decltype(du)> w;
+#if TEFL_BF16_NATIVE
+  if constexpr (kNative) {
+    w = PackBF16Native(v[0], v[1]);
+  } else  // NOLINT(readability/braces)
+#endif
+  {
+    const auto lo = hn::ShiftRight<16>(RoundBF16Hi(v[0], d));  // rounded to nearest even
+    const auto hi = hn::And(RoundBF16Hi(v[1], d), hn::Set(du, 0xFFFF0000u));
+    w = hn::Or(lo, hi);
+  }
   uint32_t* q = reinterpret_cast<uint32_t*>(p);
   if (stream) {
-    hn::Stream(hn::Or(lo, hi), du, q);
+    hn::Stream(w, du, q);
   } else {
-    hn::StoreU(hn::Or(lo, hi), du, q);
+    hn::StoreU(w, du, q);
   }
 }
 
@@ -365,7 +466,7 @@ HWY_INLINE void StoreStep(D d, const V* v, bfloat16_t* HWY_RESTRICT p, bool stre
 // Full steps, then the rest Lanes(d) (or fewer) elements at a time.
 
 // y = act(x)
-template <class Fn, class T>
+template <class Fn, class T, bool kNative = false>
 HWY_INLINE void SpanFwd(const Fn& fn, const T* HWY_RESTRICT x, T* HWY_RESTRICT y, size_t n, bool stream) {
   const D d;
   const size_t nl = hn::Lanes(d);
@@ -376,7 +477,7 @@ HWY_INLINE void SpanFwd(const Fn& fn, const T* HWY_RESTRICT x, T* HWY_RESTRICT y
     LoadStep(d, x + i, v);
     TEFL_UNROLL_K
     for (size_t k = 0; k < K; ++k) v[k] = fn.Act(v[k]);
-    StoreStep(d, v, y + i, stream);
+    StoreStep<kNative>(d, v, y + i, stream);
   }
   for (; i < n; i += nl) {
     const size_t m = std::min(nl, n - i);
@@ -386,7 +487,7 @@ HWY_INLINE void SpanFwd(const Fn& fn, const T* HWY_RESTRICT x, T* HWY_RESTRICT y
 
 // y = g * dact(x); acc += y (fp32, before rounding) when acc is not NULL, in
 // the steps' lane order (see kVecs).
-template <class Fn, class T>
+template <class Fn, class T, bool kNative = false>
 HWY_INLINE void SpanBwd(const Fn& fn, const T* HWY_RESTRICT g, const T* HWY_RESTRICT x, T* HWY_RESTRICT y,
                         float* HWY_RESTRICT acc, size_t n, bool stream) {
   const D d;
@@ -402,7 +503,7 @@ HWY_INLINE void SpanBwd(const Fn& fn, const T* HWY_RESTRICT g, const T* HWY_REST
       v[k] = hn::Mul(gv[k], fn.DAct(v[k]));
       if (acc) hn::StoreU(hn::Add(hn::LoadU(d, acc + i + k * nl), v[k]), d, acc + i + k * nl);
     }
-    StoreStep(d, v, y + i, stream);
+    StoreStep<kNative>(d, v, y + i, stream);
   }
   for (; i < n; i += nl) {
     const size_t m = std::min(nl, n - i);
@@ -417,7 +518,7 @@ HWY_INLINE void SpanBwd(const Fn& fn, const T* HWY_RESTRICT g, const T* HWY_REST
 }
 
 // y = act(a) * gate(b)
-template <class Fn, class T>
+template <class Fn, class T, bool kNative = false>
 HWY_INLINE void SpanGatedFwd(const Fn& fn, const T* HWY_RESTRICT a, const T* HWY_RESTRICT b, T* HWY_RESTRICT y,
                              size_t n, bool stream) {
   const D d;
@@ -430,7 +531,7 @@ HWY_INLINE void SpanGatedFwd(const Fn& fn, const T* HWY_RESTRICT a, const T* HWY
     LoadStep(d, b + i, bv);
     TEFL_UNROLL_K
     for (size_t k = 0; k < K; ++k) av[k] = hn::Mul(fn.Act(av[k]), fn.Gate(bv[k]));
-    StoreStep(d, av, y + i, stream);
+    StoreStep<kNative>(d, av, y + i, stream);
   }
   for (; i < n; i += nl) {
     const size_t m = std::min(nl, n - i);
@@ -446,7 +547,7 @@ HWY_INLINE void GatedBwdVec(const Fn& fn, V g, V a, V b, V& da, V& db) {
   da = hn::Mul(hn::Mul(dact, g), fn.Gate(b));
   db = fn.GateGrad(b, hn::Mul(act, g));
 }
-template <class Fn, class T>
+template <class Fn, class T, bool kNative = false>
 HWY_INLINE void SpanGatedBwd(const Fn& fn, const T* HWY_RESTRICT g, const T* HWY_RESTRICT a, const T* HWY_RESTRICT b,
                              T* HWY_RESTRICT da, T* HWY_RESTRICT db, size_t n, bool stream) {
   const D d;
@@ -460,8 +561,8 @@ HWY_INLINE void SpanGatedBwd(const Fn& fn, const T* HWY_RESTRICT g, const T* HWY
     LoadStep(d, b + i, bv);
     TEFL_UNROLL_K
     for (size_t k = 0; k < K; ++k) GatedBwdVec(fn, gv[k], av[k], bv[k], av[k], bv[k]);
-    StoreStep(d, av, da + i, stream);
-    StoreStep(d, bv, db + i, stream);
+    StoreStep<kNative>(d, av, da + i, stream);
+    StoreStep<kNative>(d, bv, db + i, stream);
   }
   for (; i < n; i += nl) {
     const size_t m = std::min(nl, n - i);
@@ -515,15 +616,15 @@ HWY_INLINE void FromF32(const float* src, DType t, void* base, size_t off, size_
 // Fwd/Bwd: items are blocks of kBlock elements. GatedFwd/GatedBwd: rows.
 // Dbias: blocks of rows (Job::blocks of them).
 
-template <Kind kKind, class Fn, class T>
+template <Kind kKind, class Fn, class T, bool kNative = false>
 HWY_INLINE void FlatItems(const Fn& fn, const Job& j, int64_t begin, int64_t end) {
   const size_t e0 = size_t(begin * kBlock), e1 = size_t(std::min(end * kBlock, j.n));
   const T* x = static_cast<const T*>(j.x) + e0;
   T* y = static_cast<T*>(j.y) + e0;
   if constexpr (kKind == Kind::kFwd) {
-    SpanFwd(fn, x, y, e1 - e0, j.stream);
+    SpanFwd<Fn, T, kNative>(fn, x, y, e1 - e0, j.stream);
   } else {
-    SpanBwd(fn, static_cast<const T*>(j.g) + e0, x, y, static_cast<float*>(nullptr), e1 - e0, j.stream);
+    SpanBwd<Fn, T, kNative>(fn, static_cast<const T*>(j.g) + e0, x, y, static_cast<float*>(nullptr), e1 - e0, j.stream);
   }
 }
 
@@ -544,16 +645,16 @@ HWY_INLINE void FlatItemsStaged(const Fn& fn, const Job& j, int64_t begin, int64
   }
 }
 
-template <Kind kKind, class Fn, class T>
+template <Kind kKind, class Fn, class T, bool kNative = false>
 HWY_INLINE void GatedRows(const Fn& fn, const Job& j, int64_t r0, int64_t r1) {
   const size_t h = size_t(j.h);
   for (int64_t r = r0; r < r1; ++r) {
     const T* a = static_cast<const T*>(j.x) + size_t(r) * 2 * h;
     if constexpr (kKind == Kind::kGatedFwd) {
-      SpanGatedFwd(fn, a, a + h, static_cast<T*>(j.y) + size_t(r) * h, h, j.stream);
+      SpanGatedFwd<Fn, T, kNative>(fn, a, a + h, static_cast<T*>(j.y) + size_t(r) * h, h, j.stream);
     } else {
       T* da = static_cast<T*>(j.y) + size_t(r) * 2 * h;
-      SpanGatedBwd(fn, static_cast<const T*>(j.g) + size_t(r) * h, a, a + h, da, da + h, h, j.stream);
+      SpanGatedBwd<Fn, T, kNative>(fn, static_cast<const T*>(j.g) + size_t(r) * h, a, a + h, da, da + h, h, j.stream);
     }
   }
 }
@@ -603,13 +704,13 @@ HWY_INLINE void FlushAcc(float* HWY_RESTRICT acc, double* HWY_RESTRICT partial, 
   std::fill(acc, acc + h, 0.0f);
 }
 
-template <class Fn, class T>
+template <class Fn, class T, bool kNative = false>
 HWY_INLINE void DbiasRows(const Fn& fn, const Job& j, int64_t r0, int64_t r1, float* acc, double* partial) {
   const size_t h = size_t(j.h);
   for (int64_t r = r0; r < r1; ++r) {
     const size_t off = size_t(r) * h;
-    SpanBwd(fn, static_cast<const T*>(j.g) + off, static_cast<const T*>(j.x) + off, static_cast<T*>(j.y) + off, acc, h,
-            j.stream);
+    SpanBwd<Fn, T, kNative>(fn, static_cast<const T*>(j.g) + off, static_cast<const T*>(j.x) + off,
+                            static_cast<T*>(j.y) + off, acc, h, j.stream);
     if ((r - r0 + 1) % kFlushRows == 0) FlushAcc<T>(acc, partial, h);
   }
   FlushAcc<T>(acc, partial, h);
@@ -639,10 +740,16 @@ HWY_NOINLINE void RunItems(const Fn& fn, const Job& j, int64_t begin, int64_t en
   const bool bf16 = j.fast && j.fast_t == DType::kBF16;
   if constexpr (kKind == Kind::kFwd || kKind == Kind::kBwd) {
     if (f32) return FlatItems<kKind, Fn, float>(fn, j, begin, end);
+#if TEFL_BF16_NATIVE
+    if (bf16 && j.native) return FlatItems<kKind, Fn, bfloat16_t, true>(fn, j, begin, end);
+#endif
     if (bf16) return FlatItems<kKind, Fn, bfloat16_t>(fn, j, begin, end);
     return FlatItemsStaged<kKind>(fn, j, begin, end);
   } else if constexpr (kKind == Kind::kGatedFwd || kKind == Kind::kGatedBwd) {
     if (f32) return GatedRows<kKind, Fn, float>(fn, j, begin, end);
+#if TEFL_BF16_NATIVE
+    if (bf16 && j.native) return GatedRows<kKind, Fn, bfloat16_t, true>(fn, j, begin, end);
+#endif
     if (bf16) return GatedRows<kKind, Fn, bfloat16_t>(fn, j, begin, end);
     return GatedRowsStaged<kKind>(fn, j, begin, end);
   } else {
@@ -652,6 +759,10 @@ HWY_NOINLINE void RunItems(const Fn& fn, const Job& j, int64_t begin, int64_t en
       double* partial = j.partial + size_t(blk) * size_t(j.h);
       if (f32) {
         DbiasRows<Fn, float>(fn, j, r0, r1, acc, partial);
+#if TEFL_BF16_NATIVE
+      } else if (bf16 && j.native) {
+        DbiasRows<Fn, bfloat16_t, true>(fn, j, r0, r1, acc, partial);
+#endif
       } else if (bf16) {
         DbiasRows<Fn, bfloat16_t>(fn, j, r0, r1, acc, partial);
       } else {
@@ -661,28 +772,37 @@ HWY_NOINLINE void RunItems(const Fn& fn, const Job& j, int64_t begin, int64_t en
   }
 }
 
-// The activations of kind kKind (glu and clamped SwiGLU are gated only).
-template <Kind kKind>
-HWY_INLINE void ItemsOfKind(const Job& j, int64_t begin, int64_t end) {
+// The activations of kind kKind (glu and clamped SwiGLU are gated only);
+// kFast: the bf16-output exp and reciprocal (the functors' kFast).
+template <Kind kKind, bool kFast>
+HWY_INLINE void ItemsOfAct(const Job& j, int64_t begin, int64_t end) {
   constexpr bool kGated = kKind == Kind::kGatedFwd || kKind == Kind::kGatedBwd;
   switch (j.act) {
     case Act::kGelu:
-      return RunItems<kKind>(GeluFn(), j, begin, end);
+      return RunItems<kKind>(GeluFnT<kFast>(), j, begin, end);
     case Act::kQGelu:
-      return RunItems<kKind>(SigmoidLinearFn{{}, 1.702f}, j, begin, end);
+      return RunItems<kKind>(SigmoidLinearFnT<kFast>{{}, 1.702f}, j, begin, end);
     case Act::kRelu:
       return RunItems<kKind>(ReluFn(), j, begin, end);
     case Act::kSrelu:
       return RunItems<kKind>(SreluFn(), j, begin, end);
     case Act::kSilu:
-      return RunItems<kKind>(SigmoidLinearFn{{}, 1.0f}, j, begin, end);
+      return RunItems<kKind>(SigmoidLinearFnT<kFast>{{}, 1.0f}, j, begin, end);
     case Act::kGlu:
-      if constexpr (kGated) return RunItems<kKind>(GluFn(), j, begin, end);
+      if constexpr (kGated) return RunItems<kKind>(GluFnT<kFast>(), j, begin, end);
       break;
     case Act::kClamped:
-      if constexpr (kGated) return RunItems<kKind>(ClampedFn{j.limit, j.alpha}, j, begin, end);
+      if constexpr (kGated) return RunItems<kKind>(ClampedFnT<kFast>{j.limit, j.alpha}, j, begin, end);
       break;
   }
+}
+
+// bf16 outputs on the one-dtype path take the cheaper sigmoids
+// (Job::fast_act); everything else the accurate ones.
+template <Kind kKind>
+HWY_INLINE void ItemsOfKind(const Job& j, int64_t begin, int64_t end) {
+  if (j.fast_act) return ItemsOfAct<kKind, true>(j, begin, end);
+  return ItemsOfAct<kKind, false>(j, begin, end);
 }
 
 // ---- Gated FP8 outputs ----------------------------------------------------------
@@ -836,6 +956,9 @@ tefl_status* Kernel(const tefl_call_frame* f, void*) {
       return Status(f, TEFL_UNSUPPORTED, "dtypes other than fp32/fp16/bf16");
     j.fast = j.tx == j.tg && j.tx == j.ty && j.tx != DType::kF16;
     j.fast_t = j.tx;
+    j.native = j.fast && j.tx == DType::kBF16 && UseBf16NativeStore();
+    j.fast_act = j.fast && j.tx == DType::kBF16 && (kKind != Kind::kDbias || tdb == DType::kBF16) &&
+                 !(std::getenv("TEFL_PORTABLE_BF16_FAST_ACT") && std::getenv("TEFL_PORTABLE_BF16_FAST_ACT")[0] == '0');
     j.x = DataPtr(x);
     j.g = g ? DataPtr(g) : nullptr;
     j.y = DataPtr(y);

@@ -6,6 +6,27 @@
 // Contract: loads widen exactly; stores round once to nearest even (NaN
 // stays NaN, with its quiet bit set); Stream* need addresses aligned to the
 // stored vector's size.
+// ---- Shared by every target (defined once) ----------------------------------
+#ifndef TEFL_BACKENDS_PORTABLE_SIMD_IO_SHARED_
+#define TEFL_BACKENDS_PORTABLE_SIMD_IO_SHARED_
+#include <cstdlib>
+namespace tefl::backends {
+// The AVX512-BF16 store path (TEFL_BF16_NATIVE targets): the CPU has it and
+// TEFL_PORTABLE_BF16_CVT=0 is not set (read per call, so tests can compare
+// both paths).
+inline bool UseBf16NativeStore() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static const bool has = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  const char* env = std::getenv("TEFL_PORTABLE_BF16_CVT");
+  return has && !(env && env[0] == '0');
+#else
+  return false;
+#endif
+}
+}  // namespace tefl::backends
+#endif  // TEFL_BACKENDS_PORTABLE_SIMD_IO_SHARED_
+
 #if defined(TEFL_BACKENDS_PORTABLE_SIMD_IO_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef TEFL_BACKENDS_PORTABLE_SIMD_IO_INL_H_
 #undef TEFL_BACKENDS_PORTABLE_SIMD_IO_INL_H_
@@ -116,6 +137,54 @@ HWY_INLINE hn::Vec<hn::Repartition<uint16_t, DF>> RoundToBF16Bits2(hn::Vec<DF> v
   const hn::Repartition<uint16_t, DF> du16;
   return hn::ConcatOdd(du16, hn::BitCast(du16, RoundBF16Hi(v1, df)), hn::BitCast(du16, RoundBF16Hi(v0, df)));
 }
+#endif
+
+// ---- AVX512-BF16 rounding (x86 AVX3 targets; CPU checked by the caller) ---
+// vcvtne2ps2bf16 rounds 2 x 16 fp32 lanes to bf16 in one instruction: nearest
+// even, NaN -> its upper half with the quiet bit set, as RoundBF16Hi. It reads
+// subnormal inputs as 0 (DAZ) where RoundBF16Hi keeps them, so
+// PackBF16Native checks both inputs for subnormals (vfpclassps) and rounds
+// those rare steps by hand: the result is bit for bit the same either way.
+// Inline asm rather than the intrinsic: Highway's AVX3 code is not compiled
+// with -mavx512bf16, and a target("avx512bf16") function could not inline the
+// kernels' functors. Callers run it only where CpuHasAvx512Bf16() is true.
+#undef TEFL_BF16_NATIVE
+#if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL) && (defined(__GNUC__) || defined(__clang__))
+#define TEFL_BF16_NATIVE 1
+// bf16 bits of lo in u16 lanes [0, 16), of hi in lanes [16, 32).
+HWY_INLINE __m512i Cvtne2ps2bf16(__m512 hi, __m512 lo) {
+  __m512i r;
+  asm("vcvtne2ps2bf16 %2, %1, %0" : "=v"(r) : "v"(hi), "v"(lo));
+  return r;
+}
+// bf16 bits of v0 in the even u16 lanes, of v1 in the odd ones (the u32
+// lane k holds v0[k] low, v1[k] high): RoundBF16Hi's packing, one
+// instruction plus a word permute.
+HWY_INLINE hn::Vec<hn::ScalableTag<uint32_t>> PackBF16Native(hn::Vec<hn::ScalableTag<float>> v0,
+                                                             hn::Vec<hn::ScalableTag<float>> v1) {
+  const hn::ScalableTag<float> df;
+  const hn::ScalableTag<uint32_t> du;
+  const __mmask16 sub = static_cast<__mmask16>(_mm512_fpclass_ps_mask(v0.raw, 0x20) |
+                                               _mm512_fpclass_ps_mask(v1.raw, 0x20));  // 0x20: subnormal
+  if (HWY_UNLIKELY(sub != 0)) {
+    return hn::Or(hn::ShiftRight<16>(RoundBF16Hi(v0, df)), hn::And(RoundBF16Hi(v1, df), hn::Set(du, 0xFFFF0000u)));
+  }
+  const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21,
+                                       5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return hn::Vec<hn::ScalableTag<uint32_t>>{_mm512_permutexvar_epi16(idx, Cvtne2ps2bf16(v1.raw, v0.raw))};
+}
+// Consecutive order: bf16 bits of v0 then v1 (2 x 16 elements in memory
+// order), as RoundToBF16Bits2.
+HWY_INLINE hn::Vec<hn::ScalableTag<uint16_t>> RoundToBF16Bits2Native(hn::Vec<hn::ScalableTag<float>> v0,
+                                                                     hn::Vec<hn::ScalableTag<float>> v1) {
+  const hn::ScalableTag<float> df;
+  const __mmask16 sub =
+      static_cast<__mmask16>(_mm512_fpclass_ps_mask(v0.raw, 0x20) | _mm512_fpclass_ps_mask(v1.raw, 0x20));
+  if (HWY_UNLIKELY(sub != 0)) return RoundToBF16Bits2(v0, v1, df);
+  return hn::Vec<hn::ScalableTag<uint16_t>>{Cvtne2ps2bf16(v1.raw, v0.raw)};
+}
+#else
+#define TEFL_BF16_NATIVE 0
 #endif
 
 template <class DF>

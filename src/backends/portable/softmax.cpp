@@ -68,6 +68,7 @@ struct SmFwdArgs {
   const uint8_t* mask;  // kMasked only
   bool mask_broadcast;  // mask [1, 1, sq, sk]
   bool stream;          // non-temporal y stores (large outputs, aligned rows)
+  bool native;          // bf16 y rounded by vcvtne2ps2bf16 (simd_io-inl.h)
 };
 
 struct SmBwdArgs {
@@ -78,6 +79,7 @@ struct SmBwdArgs {
   const void* y;
   void* dx;  // may be dy
   bool stream;
+  bool native;  // bf16 dx rounded by vcvtne2ps2bf16 (simd_io-inl.h)
 };
 
 // Columns [0, kept) of row r are scored; the rest of the row is 0.
@@ -169,10 +171,17 @@ HWY_INLINE float ScoreRow(const TX* HWY_RESTRICT x, const uint8_t* HWY_RESTRICT 
 // NaN passes through; elsewhere an explicit select keeps it.
 // Cheaper than hn::Exp (one 2^n instead of two, no float -> int conversion
 // with overflow fix-ups), and NaN stays NaN (hn::Exp maps NaN to 0).
+// AVX-512 targets clamp at -105 instead and scale with vscalefps (exact,
+// gradual underflow: e^x is the subnormal value down to about -103.3 and 0
+// below -104, so masked scores still give 0): two operations fewer.
 template <int kDeg, class DF, class V>
 HWY_INLINE V ExpNonPositive(DF df, V x) {
   const hn::RebindToSigned<DF> di;
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  const auto kLow = hn::Set(df, -105.0f);
+#else
   const auto kLow = hn::Set(df, -88.0f);
+#endif
 #if HWY_ARCH_X86
   x = hn::Max(kLow, x);
 #else
@@ -180,7 +189,8 @@ HWY_INLINE V ExpNonPositive(DF df, V x) {
 #endif
   const auto kMagic = hn::Set(df, 12582912.0f);  // 1.5 * 2^23
   const auto t = hn::MulAdd(x, hn::Set(df, 1.44269504088896341f), kMagic);
-  const auto r = hn::NegMulAdd(hn::Sub(t, kMagic), hn::Set(df, 0.693147180559945309f), x);
+  const auto n = hn::Sub(t, kMagic);
+  const auto r = hn::NegMulAdd(n, hn::Set(df, 0.693147180559945309f), x);
   auto p = hn::Set(df, 1.0f / 720);
   if constexpr (kDeg >= 6) p = hn::MulAdd(p, r, hn::Set(df, 1.0f / 120));
   if constexpr (kDeg == 5) p = hn::Set(df, 1.0f / 120);
@@ -190,6 +200,10 @@ HWY_INLINE V ExpNonPositive(DF df, V x) {
   p = hn::MulAdd(p, r, hn::Set(df, 0.5f));
   p = hn::MulAdd(p, r, hn::Set(df, 1.0f));
   p = hn::MulAdd(p, r, hn::Set(df, 1.0f));
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  (void)di;
+  return V{_mm512_scalef_ps(p.raw, n.raw)};
+#endif
   // t's bits are those of kMagic plus n: (n + 127) << 23 is 2^n (0 for n = -127).
   const int32_t magic_bits = 0x4B400000;
   const auto pow2n = hn::BitCast(df, hn::ShiftLeft<23>(hn::Add(hn::BitCast(di, t), hn::Set(di, 127 - magic_bits))));
@@ -224,7 +238,8 @@ HWY_INLINE float ExpRow(float* HWY_RESTRICT s, size_t padded, float mx, const TX
 
 // ---- Forward pass 3: y = s * inv for j < kept, 0 after ----------------------
 template <bool kStream, class TY>
-HWY_INLINE void WriteRow(const float* HWY_RESTRICT s, size_t kept, size_t sk, float inv, TY* HWY_RESTRICT y) {
+HWY_INLINE void WriteRow(const float* HWY_RESTRICT s, size_t kept, size_t sk, float inv, TY* HWY_RESTRICT y,
+                         bool native) {
   const hn::ScalableTag<float> df;
   const size_t nf = hn::Lanes(df);
   const size_t padded = (kept + nf - 1) / nf * nf;  // s is exp'd (0 in the padding) below this
@@ -237,6 +252,18 @@ HWY_INLINE void WriteRow(const float* HWY_RESTRICT s, size_t kept, size_t sk, fl
     uint16_t* HWY_RESTRICT yu = reinterpret_cast<uint16_t*>(y);
     // A row with a finite 1 / sum holds no NaN: round without the NaN care.
     const bool finite = std::isfinite(inv);
+#if TEFL_BF16_NATIVE
+    if (native) {
+      for (; j + 2 * nf <= sk; j += 2 * nf) {
+        const auto bits = RoundToBF16Bits2Native(out(j), out(j + nf));
+        if constexpr (kStream) {
+          StreamF(bits, du16, yu + j);
+        } else {
+          StoreF(bits, du16, yu + j);
+        }
+      }
+    }
+#endif
     const hn::RebindToUnsigned<decltype(df)> du;
     const auto round_finite = [&](auto v) HWY_ATTR {
       const auto b = hn::BitCast(du, v);
@@ -313,11 +340,11 @@ HWY_INLINE void WriteAny(const SmFwdArgs& a, int64_t r, const float* s, size_t k
   const size_t sk = size_t(a.sk), off = size_t(r) * sk;
   switch (a.ty) {
     case DType::kF32:
-      return WriteRow<kStream>(s, kept, sk, inv, static_cast<float*>(a.y) + off);
+      return WriteRow<kStream>(s, kept, sk, inv, static_cast<float*>(a.y) + off, false);
     case DType::kBF16:
-      return WriteRow<kStream>(s, kept, sk, inv, static_cast<bfloat16_t*>(a.y) + off);
+      return WriteRow<kStream>(s, kept, sk, inv, static_cast<bfloat16_t*>(a.y) + off, a.native);
     default:
-      return WriteRow<kStream>(s, kept, sk, inv, static_cast<float16_t*>(a.y) + off);
+      return WriteRow<kStream>(s, kept, sk, inv, static_cast<float16_t*>(a.y) + off, false);
   }
 }
 
@@ -355,7 +382,7 @@ void SoftmaxFwdRows(const SmFwdArgs& a, int64_t r0, int64_t r1, float* s) {
 // One dtype for dy, y and dx. dy and dx may be the same memory: no restrict.
 template <bool kStream, class T>
 HWY_INLINE void BwdRowT(const T* dy, const T* HWY_RESTRICT y, T* dx, size_t sk, float scale, const T* next_dy,
-                        const T* next_y) {
+                        const T* next_y, bool native) {
   const hn::ScalableTag<float> df;
   const size_t nf = hn::Lanes(df);
   auto a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
@@ -380,6 +407,20 @@ HWY_INLINE void BwdRowT(const T* dy, const T* HWY_RESTRICT y, T* dx, size_t sk, 
   if constexpr (std::is_same_v<T, bfloat16_t>) {
     const hn::Repartition<uint16_t, decltype(df)> du16;
     uint16_t* yu = reinterpret_cast<uint16_t*>(dx);
+#if TEFL_BF16_NATIVE
+    if (native) {
+      for (; j + 2 * nf <= sk; j += 2 * nf) {
+        __builtin_prefetch(next_dy + j, 0, 2);
+        __builtin_prefetch(next_y + j, 0, 2);
+        const auto bits = RoundToBF16Bits2Native(grad(j), grad(j + nf));
+        if constexpr (kStream) {
+          StreamF(bits, du16, yu + j);
+        } else {
+          StoreF(bits, du16, yu + j);
+        }
+      }
+    }
+#endif
     for (; j + 2 * nf <= sk; j += 2 * nf) {
       __builtin_prefetch(next_dy + j, 0, 2);
       __builtin_prefetch(next_y + j, 0, 2);
@@ -413,7 +454,7 @@ HWY_INLINE void BwdRowsSame(const SmBwdArgs& a, int64_t r0, int64_t r1) {
   for (int64_t r = r0; r < r1; ++r) {
     const size_t off = size_t(r) * sk;
     const size_t noff = (r + 1 < r1 ? size_t(r + 1) : size_t(r)) * sk;
-    BwdRowT<kStream>(dy + off, y + off, dx + off, sk, a.scale, dy + noff, y + noff);
+    BwdRowT<kStream>(dy + off, y + off, dx + off, sk, a.scale, dy + noff, y + noff, a.native);
   }
 }
 
@@ -467,7 +508,7 @@ void SoftmaxBwdRows(const SmBwdArgs& a, int64_t r0, int64_t r1, float* buf) {
     const size_t off = size_t(r) * sk;
     RowToF32(a.dy, a.tdy, off, sk, dy);
     RowToF32(a.y, a.ty, off, sk, y);
-    BwdRowT<false>(dy, y, dx, sk, a.scale, dy, y);
+    BwdRowT<false>(dy, y, dx, sk, a.scale, dy, y, false);
     RowFromF32(dx, sk, a.tdx, a.dx, off);
   }
 }
@@ -564,6 +605,7 @@ tefl_status* Forward(const tefl_call_frame* f, int kind) {
       a.mask_broadcast = m->shape[0] == 1;
     }
     a.stream = StreamOk(a.y, rows, sk, ty);
+    a.native = ty == DType::kBF16 && UseBf16NativeStore();
     FwdCtx c{&a, ScratchFloats(sk)};
     f->host->parallel_for(rows, Grain(sk), FwdBody, &c);
     if (c.oom.load()) return Status(f, TEFL_RUNTIME_ERROR, "scratch row allocation failed");
@@ -595,6 +637,7 @@ tefl_status* Backward(const tefl_call_frame* f) {
     a.dx = DataPtr(dx);
     const bool same = a.tdy == a.ty && a.ty == a.tdx;
     a.stream = same && StreamOk(a.dx, rows, a.sk, a.tdx);
+    a.native = same && a.tdx == DType::kBF16 && UseBf16NativeStore();
     BwdCtx c{&a, same ? 0 : 3 * ScratchFloats(a.sk)};
     f->host->parallel_for(rows, Grain(a.sk), BwdBody, &c);
     if (c.oom.load()) return Status(f, TEFL_RUNTIME_ERROR, "scratch row allocation failed");
