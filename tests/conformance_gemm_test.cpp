@@ -598,6 +598,35 @@ TEST(GemmConformanceSpecial, SubnormalBf16InputsLarge) {
   EXPECT_GT(sum, 1.0) << "the products of large A and subnormal B are not negligible";
 }
 
+// default.portable checks for subnormals while it packs the operands (each
+// packing path its own way): one subnormal bf16 value, everything else in
+// its operand zero and the other operand large, must reach D wherever it
+// sits: full 8-row blocks (vector transpose and its leftover pairs), partial
+// blocks/panels, an odd K's last pair, every transpose.
+TEST(GemmConformanceSpecial, OneSubnormalAnywhereIsSeen) {
+  const Shape shapes[] = {{40, 64, 40}, {37, 45, 41}};
+  for (const Shape& sh : shapes)
+    for (int t = 0; t < 4; ++t)
+      for (int in_b = 0; in_b < 2; ++in_b) {
+        const bool ta = t & 1, tb = t & 2;
+        const int64_t n_elems = in_b ? sh.k * sh.n : sh.m * sh.k;
+        for (int64_t pos : {int64_t(0), n_elems / 2 + 3, n_elems - 1}) {
+          SCOPED_TRACE(fmt::format("{}x{}x{} transa={} transb={} subnormal in {} at {}", sh.m, sh.n, sh.k, ta, tb,
+                                   in_b ? "B" : "A", pos));
+          Problem p =
+              MakeGemm({DType::kBF16, DType::kBF16, DType::kF32}, kEpilogues[0], sh.m, sh.n, sh.k, ta, tb, "one_subn");
+          Tensor& sub = *p.in[in_b ? kB : kA];
+          Tensor& big = *p.in[in_b ? kA : kB];
+          sub.Fill(0.0);
+          sub.set(pos, 3e-39);  // subnormal in bf16
+          big.Fill(1e38);
+          p.magnitude = MagnitudeOf(p, sh.m, sh.n, sh.k);
+          CheckAll(p);
+          if (::testing::Test::HasFatalFailure()) return;
+        }
+      }
+}
+
 // ---- te_general_grouped_gemm ------------------------------------------------------
 // in: A B m_splits bias a_scale_inv b_scale_inv d_scale; out: D pre_gelu_out bias_grad d_amax
 enum { kGSplits = 2, kGBias = 3 };

@@ -331,7 +331,31 @@ struct Bf16Job {
   uint16_t* out16;    // direct bf16 output [M, N] (then c is unused), or NULL
   const float* bias;  // [N] fp32 added before the bf16 rounding, or NULL
   int64_t m_blocks, n_panels, m_supers, n_groups;
+  std::atomic<bool> hit{false};  // packing saw a subnormal bf16 value
 };
+
+// Whether n bf16 values hold a subnormal (vdpbf16ps would read it as 0).
+// Only called where CpuHasBf16Dot() (so AVX512-BW) holds. A value is
+// subnormal iff its magnitude bits e = h & 0x7FFF satisfy 0 < e < 0x80, i.e.
+// (e - 1) < 0x7F unsigned; 32 values per compare, exits at the first 4 KiB
+// block with a hit.
+__attribute__((target("avx512f,avx512bw"))) bool AnySubnormalBf16(const void* p, int64_t n) {
+  const auto* h = static_cast<const uint16_t*>(p);
+  const __m512i mag = _mm512_set1_epi16(0x7FFF), one = _mm512_set1_epi16(1), lim = _mm512_set1_epi16(0x7F);
+  int64_t i = 0;
+  constexpr int64_t kBlock = 2048;  // values per early-exit check
+  for (; i + kBlock <= n; i += kBlock) {
+    __mmask32 any = 0;
+    for (int64_t j = i; j < i + kBlock; j += 32) {
+      const __m512i e = _mm512_and_si512(_mm512_loadu_si512(h + j), mag);
+      any |= _mm512_cmplt_epu16_mask(_mm512_sub_epi16(e, one), lim);
+    }
+    if (any) return true;
+  }
+  bool any = false;
+  for (; i < n; ++i) any |= IsSubnormalBf16(h[i]);
+  return any;
+}
 
 // Element (i, kk) of op(A) and (kk, j) of op(B) as bf16 bits; 0 outside.
 uint16_t ElemA(const Bf16Job& g, int64_t i, int64_t kk) {
@@ -343,18 +367,88 @@ uint16_t ElemB(const Bf16Job& g, int64_t kk, int64_t j) {
   return g.transb ? g.b[j * g.k + kk] : g.b[kk * g.n + j];
 }
 
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// Subnormal bf16 lanes of v (see AnySubnormalBf16).
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __mmask16 Subnormal16(__m256i v) {
+  const __m256i e = _mm256_and_si256(v, _mm256_set1_epi16(0x7FFF));
+  return _mm256_cmplt_epu16_mask(_mm256_sub_epi16(e, _mm256_set1_epi16(1)), _mm256_set1_epi16(0x7F));
+}
+__attribute__((target("avx512f,avx512bw"))) inline __mmask32 Subnormal32(__m512i v) {
+  const __m512i e = _mm512_and_si512(v, _mm512_set1_epi16(0x7FFF));
+  return _mm512_cmplt_epu16_mask(_mm512_sub_epi16(e, _mm512_set1_epi16(1)), _mm512_set1_epi16(0x7F));
+}
+
+// A full 8-row block of A (no transa), pairs [0, full_p): 8 rows x 8 pairs
+// at a time, an 8 x 8 transpose of 32-bit pairs (AVX2), 64 contiguous words
+// out; the loaded rows are checked for subnormals on the way. Returns the
+// first pair not packed.
+__attribute__((target("avx2,avx512f,avx512bw,avx512vl"))) int64_t PackABlock8(const uint16_t* a, int64_t k,
+                                                                              int64_t full_p, uint32_t* dst,
+                                                                              bool* hit) {
+  __mmask16 any = 0;
+  int64_t p = 0;
+  for (; p + 8 <= full_p; p += 8) {
+    __m256i r[8];
+    for (int i = 0; i < 8; ++i) {
+      r[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i * k + 2 * p));
+      any |= Subnormal16(r[i]);
+    }
+    const __m256i t0 = _mm256_unpacklo_epi32(r[0], r[1]), t1 = _mm256_unpackhi_epi32(r[0], r[1]);
+    const __m256i t2 = _mm256_unpacklo_epi32(r[2], r[3]), t3 = _mm256_unpackhi_epi32(r[2], r[3]);
+    const __m256i t4 = _mm256_unpacklo_epi32(r[4], r[5]), t5 = _mm256_unpackhi_epi32(r[4], r[5]);
+    const __m256i t6 = _mm256_unpacklo_epi32(r[6], r[7]), t7 = _mm256_unpackhi_epi32(r[6], r[7]);
+    const __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
+    const __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
+    const __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
+    const __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
+    auto* out = reinterpret_cast<__m256i*>(dst + p * kMR);
+    _mm256_storeu_si256(out + 0, _mm256_permute2x128_si256(u0, u4, 0x20));
+    _mm256_storeu_si256(out + 1, _mm256_permute2x128_si256(u1, u5, 0x20));
+    _mm256_storeu_si256(out + 2, _mm256_permute2x128_si256(u2, u6, 0x20));
+    _mm256_storeu_si256(out + 3, _mm256_permute2x128_si256(u3, u7, 0x20));
+    _mm256_storeu_si256(out + 4, _mm256_permute2x128_si256(u0, u4, 0x31));
+    _mm256_storeu_si256(out + 5, _mm256_permute2x128_si256(u1, u5, 0x31));
+    _mm256_storeu_si256(out + 6, _mm256_permute2x128_si256(u2, u6, 0x31));
+    _mm256_storeu_si256(out + 7, _mm256_permute2x128_si256(u3, u7, 0x31));
+  }
+  if (any) *hit = true;
+  return p;
+}
+
+// Two rows of B (no transb), 32 columns, interleaved into 32 pairs; the rows
+// are checked for subnormals.
+__attribute__((target("avx512f,avx512bw"))) inline __mmask32 PackBPair32(const uint16_t* r0, const uint16_t* r1,
+                                                                         uint32_t* dst) {
+  const __m512i x0 = _mm512_loadu_si512(r0), x1 = _mm512_loadu_si512(r1);
+  const __m512i lo = _mm512_unpacklo_epi16(x0, x1), hi = _mm512_unpackhi_epi16(x0, x1);
+  _mm512_storeu_si512(dst, _mm512_permutex2var_epi64(lo, _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), hi));
+  _mm512_storeu_si512(dst + 16, _mm512_permutex2var_epi64(lo, _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15), hi));
+  return Subnormal32(x0) | Subnormal32(x1);
+}
+#pragma GCC diagnostic pop
+
+// Packing checks what it packs for subnormals (g.hit): the vector paths on
+// the loaded rows, the others on the packed block while it is in cache. One
+// pass over A and B instead of a scan and a pack.
 void PackABody(void* ctx, int64_t begin, int64_t end) {
-  const auto& g = *static_cast<const Bf16Job*>(ctx);
+  auto& g = *static_cast<Bf16Job*>(ctx);
   const int64_t full_p = g.k / 2;  // pairs inside K
+  bool hit = false;
   for (int64_t blk = begin; blk < end; ++blk) {
     uint32_t* dst = g.ap + size_t(blk) * size_t(g.kp) * kMR;
     int64_t p0 = 0;
-    if ((blk + 1) * kMR <= g.m) {  // a full block: straight copies
+    bool checked = false;
+    if ((blk + 1) * kMR <= g.m) {  // a full block
       if (!g.transa) {
+        const uint16_t* a0 = g.a + blk * kMR * g.k;
+        const int64_t pv = PackABlock8(a0, g.k, full_p, dst, &hit);
         for (int r = 0; r < kMR; ++r) {
-          const uint16_t* row = g.a + (blk * kMR + r) * g.k;
-          for (int64_t p = 0; p < full_p; ++p) std::memcpy(&dst[p * kMR + r], row + 2 * p, 4);
+          const uint16_t* row = a0 + r * g.k;
+          for (int64_t p = pv; p < full_p; ++p) std::memcpy(&dst[p * kMR + r], row + 2 * p, 4);
+          if (pv < full_p) hit |= AnySubnormalBf16(row + 2 * pv, 2 * (full_p - pv));
         }
+        checked = g.kp == full_p;  // an odd K: the tail below is checked with the block
       } else {
         for (int64_t p = 0; p < full_p; ++p) {
           const uint16_t* r0 = g.a + 2 * p * g.m + blk * kMR;
@@ -368,22 +462,28 @@ void PackABody(void* ctx, int64_t begin, int64_t end) {
       for (int r = 0; r < kMR; ++r)
         dst[p * kMR + r] =
             uint32_t(ElemA(g, blk * kMR + r, 2 * p)) | (uint32_t(ElemA(g, blk * kMR + r, 2 * p + 1)) << 16);
+    if (!checked) hit |= AnySubnormalBf16(dst, g.kp * kMR * 2);
   }
+  if (hit) g.hit.store(true, std::memory_order_relaxed);
 }
 
 void PackBBody(void* ctx, int64_t begin, int64_t end) {
-  const auto& g = *static_cast<const Bf16Job*>(ctx);
+  auto& g = *static_cast<Bf16Job*>(ctx);
   const int64_t full_p = g.k / 2;
+  bool hit = false;
   for (int64_t pan = begin; pan < end; ++pan) {
     uint32_t* dst = g.bp + size_t(pan) * size_t(g.kp) * kNR;
     int64_t p0 = 0;
+    bool checked = false;
     if ((pan + 1) * kNR <= g.n) {  // a full panel
       if (!g.transb) {
+        __mmask32 any = 0;
         for (int64_t p = 0; p < full_p; ++p) {
           const uint16_t* r0 = g.b + 2 * p * g.n + pan * kNR;
-          const uint16_t* r1 = r0 + g.n;
-          for (int j = 0; j < kNR; ++j) dst[p * kNR + j] = uint32_t(r0[j]) | (uint32_t(r1[j]) << 16);
+          any |= PackBPair32(r0, r0 + g.n, dst + p * kNR);
         }
+        hit |= any != 0;
+        checked = g.kp == full_p;
       } else {
         for (int j = 0; j < kNR; ++j) {
           const uint16_t* col = g.b + (pan * kNR + j) * g.k;
@@ -396,7 +496,9 @@ void PackBBody(void* ctx, int64_t begin, int64_t end) {
       for (int j = 0; j < kNR; ++j)
         dst[p * kNR + j] =
             uint32_t(ElemB(g, 2 * p, pan * kNR + j)) | (uint32_t(ElemB(g, 2 * p + 1, pan * kNR + j)) << 16);
+    if (!checked) hit |= AnySubnormalBf16(dst, g.kp * kNR * 2);
   }
+  if (hit) g.hit.store(true, std::memory_order_relaxed);
 }
 
 // C[rows, cols] (ld ldc) = alpha * (A tile . B panel) + beta * C.
@@ -530,29 +632,6 @@ void Bf16DirectBody(void* ctx, int64_t begin, int64_t end) {
   }
 }
 
-// Whether n bf16 values hold a subnormal (vdpbf16ps would read it as 0).
-// Only called where CpuHasBf16Dot() (so AVX512-BW) holds. A value is
-// subnormal iff its magnitude bits e = h & 0x7FFF satisfy 0 < e < 0x80, i.e.
-// (e - 1) < 0x7F unsigned; 32 values per compare, exits at the first 4 KiB
-// block with a hit.
-__attribute__((target("avx512f,avx512bw"))) bool AnySubnormalBf16(const void* p, int64_t n) {
-  const auto* h = static_cast<const uint16_t*>(p);
-  const __m512i mag = _mm512_set1_epi16(0x7FFF), one = _mm512_set1_epi16(1), lim = _mm512_set1_epi16(0x7F);
-  int64_t i = 0;
-  constexpr int64_t kBlock = 2048;  // values per early-exit check
-  for (; i + kBlock <= n; i += kBlock) {
-    __mmask32 any = 0;
-    for (int64_t j = i; j < i + kBlock; j += 32) {
-      const __m512i e = _mm512_and_si512(_mm512_loadu_si512(h + j), mag);
-      any |= _mm512_cmplt_epu16_mask(_mm512_sub_epi16(e, one), lim);
-    }
-    if (any) return true;
-  }
-  bool any = false;
-  for (; i < n; ++i) any |= IsSubnormalBf16(h[i]);
-  return any;
-}
-
 // The scan of A and B over the host pool: chunks of kScanChunk values, a hit
 // in any chunk sets `hit` (later chunks then skip their work).
 constexpr int64_t kScanChunk = int64_t(1) << 18;
@@ -580,12 +659,10 @@ size_t Bf16PackedWords(int64_t m, int64_t n, int64_t k) {
   return size_t((m + kMR - 1) / kMR) * kp * kMR + size_t((n + kNR - 1) / kNR) * kp * kNR;
 }
 
-// c = alpha * op(A) op(B) + beta * c with bf16 A, B (no subnormals); packed
-// must have Bf16PackedWords(m, n, k) words of capacity (no allocation here).
-void Bf16Gemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
-              const void* b, float beta, float* c, std::vector<uint32_t>& packed, uint16_t* out16 = nullptr,
-              const float* bias = nullptr) {
-  Bf16Job g;
+// Shapes and panel pointers of an M x N x K bf16 job over `packed` (which
+// must have Bf16PackedWords(m, n, k) words: no allocation here).
+void Bf16Setup(Bf16Job& g, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* a, const void* b,
+               std::vector<uint32_t>& packed) {
   g.m = m;
   g.n = n;
   g.k = k;
@@ -594,21 +671,43 @@ void Bf16Gemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, 
   g.transb = tb;
   g.a = static_cast<const uint16_t*>(a);
   g.b = static_cast<const uint16_t*>(b);
-  g.alpha = alpha;
-  g.beta = beta;
-  g.c = c;
-  g.out16 = out16;
-  g.bias = bias;
   g.m_blocks = (m + kMR - 1) / kMR;
   g.n_panels = (n + kNR - 1) / kNR;
   g.m_supers = (m + kSuperRows - 1) / kSuperRows;
   g.n_groups = (g.n_panels + kGroupPanels - 1) / kGroupPanels;
   const size_t a_words = size_t(g.m_blocks) * size_t(g.kp) * kMR;
-  Grow(packed, a_words + size_t(g.n_panels) * size_t(g.kp) * kNR);
   g.ap = packed.data();
   g.bp = packed.data() + a_words;
+}
+
+// Packs op(A) and op(B) into `packed`; true when they hold a subnormal bf16
+// value (the packed panels are then unusable: vdpbf16ps reads it as 0).
+bool Bf16Pack(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* a, const void* b,
+              std::vector<uint32_t>& packed) {
+  Bf16Job g;
+  Bf16Setup(g, ta, tb, m, n, k, a, b, packed);
   f->host->parallel_for(g.m_blocks, 1, PackABody, &g);
   f->host->parallel_for(g.n_panels, 1, PackBBody, &g);
+  return g.hit.load();
+}
+
+// c = alpha * op(A) op(B) + beta * c with bf16 A, B (no subnormals); packed
+// must have Bf16PackedWords(m, n, k) words of capacity (no allocation here).
+// prepacked: Bf16Pack already filled `packed` for these operands.
+void Bf16Gemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
+              const void* b, float beta, float* c, std::vector<uint32_t>& packed, bool prepacked,
+              uint16_t* out16 = nullptr, const float* bias = nullptr) {
+  Bf16Job g;
+  Bf16Setup(g, ta, tb, m, n, k, a, b, packed);
+  g.alpha = alpha;
+  g.beta = beta;
+  g.c = c;
+  g.out16 = out16;
+  g.bias = bias;
+  if (!prepacked) {
+    f->host->parallel_for(g.m_blocks, 1, PackABody, &g);
+    f->host->parallel_for(g.n_panels, 1, PackBBody, &g);
+  }
   f->host->parallel_for(g.n_groups * g.m_supers, 1, out16 ? Bf16DirectBody : Bf16ComputeBody, &g);
 }
 
@@ -621,6 +720,7 @@ struct Gemm {
   const void* a16;  // bf16 A and B for the vdpbf16ps path, else NULL
   const void* b16;
   std::vector<uint32_t>* packed;  // the bf16 path's packed operands (capacity reserved)
+  bool prepacked;                 // Bf16Pack already filled *packed
   float alpha, beta;              // alpha with the FP8 scale_inv factors folded in
   const void* c;                  // Cterm source: C, or D's prior content (accumulate), or NULL
   DType tc;
@@ -677,7 +777,7 @@ bool DirectBf16(const Gemm& g) {
 void Run(const tefl_call_frame* f, const Gemm& g, std::vector<float>& scratch) {
   if (g.m == 0 || g.n == 0) return;
   if (DirectBf16(g)) {
-    Bf16Gemm(f, g.transa, g.transb, g.m, g.n, g.k, g.alpha, g.a16, g.b16, 0.0f, nullptr, *g.packed,
+    Bf16Gemm(f, g.transa, g.transb, g.m, g.n, g.k, g.alpha, g.a16, g.b16, 0.0f, nullptr, *g.packed, g.prepacked,
              static_cast<uint16_t*>(g.d), g.bias);
     return;
   }
@@ -697,7 +797,7 @@ void Run(const tefl_call_frame* f, const Gemm& g, std::vector<float>& scratch) {
   if (g.k == 0 || g.alpha == 0.0f) {  // no product: acc = beta * Cterm
     for (int64_t i = 0; i < mn; ++i) acc[i] = beta == 0.0f ? 0.0f : beta * acc[i];
   } else if (g.a16 != nullptr) {
-    Bf16Gemm(f, g.transa, g.transb, g.m, g.n, g.k, g.alpha, g.a16, g.b16, beta, acc, *g.packed);
+    Bf16Gemm(f, g.transa, g.transb, g.m, g.n, g.k, g.alpha, g.a16, g.b16, beta, acc, *g.packed, g.prepacked);
   } else {
     Sgemm(f, g.transa, g.transb, g.m, g.n, g.k, g.alpha, g.a, g.b, beta, acc);
   }
@@ -718,9 +818,10 @@ void Run(const tefl_call_frame* f, const Gemm& g, std::vector<float>& scratch) {
 // no subnormal input (the scan costs one read of A and B). `groups`: B holds
 // that many [K, N] matrices, A has rows = m_total (grouped GEMM).
 bool UseBf16Path(const tefl_call_frame* f, DType ta, DType tb, int64_t m, int64_t n, int64_t k, const void* a,
-                 const void* b, int64_t groups = 1, int64_t a_rows = -1) {
+                 const void* b, int64_t groups = 1, int64_t a_rows = -1, bool scan = true) {
   if (ta != DType::kBF16 || tb != DType::kBF16 || !CpuHasBf16Dot()) return false;
   if (m * n * k < kBf16MinWork) return false;
+  if (!scan) return true;
   const int64_t rows = a_rows >= 0 ? a_rows : m;
   ScanCtx sc;
   sc.a = static_cast<const uint16_t*>(a);
@@ -757,12 +858,17 @@ struct OneGemm {
   float* d_amax;  // one fp32 or NULL
 };
 
-// Decided before anything is written; the subnormal scan reads A and B once.
+// Decided before anything is written. scan: the subnormal scan reads A and B
+// now (the grouped GEMM: every group is decided before the first writes);
+// otherwise (generic_gemm) the packing checks them (scan_in_pack) and a hit
+// falls back to the exact path in Execute, still before D is written.
 struct OnePlan {
   bool bf16;
+  bool scan_in_pack;
 };
-OnePlan PlanOne(const tefl_call_frame* f, const OneGemm& o) {
-  return OnePlan{o.m > 0 && o.n > 0 && UseBf16Path(f, o.ta, o.tb, o.m, o.n, o.k, o.a, o.b)};
+OnePlan PlanOne(const tefl_call_frame* f, const OneGemm& o, bool scan) {
+  const bool bf16 = o.m > 0 && o.n > 0 && UseBf16Path(f, o.ta, o.tb, o.m, o.n, o.k, o.a, o.b, 1, -1, scan);
+  return OnePlan{bf16, bf16 && !scan};
 }
 bool OneDirect(const OneGemm& o, const OnePlan& p) {
   return p.bf16 && o.td == DType::kBF16 && !(o.c != nullptr && o.beta != 0.0f) && !o.gelu && o.d_amax == nullptr &&
@@ -777,9 +883,19 @@ void Reserve(Workspace& ws, const OneGemm& o, const OnePlan& p) {
   if (o.td != DType::kF32 && !OneDirect(o, p)) Grow(ws.scratch, size_t(o.m * o.n));
   if (o.bias_grad) Grow(ws.sums, size_t(o.gelu ? o.n : o.m));
 }
-// Runs o with the buffers Reserve grew (no allocation).
-void Execute(const tefl_call_frame* f, const OneGemm& o, const OnePlan& p, Workspace& ws) {
+// Runs o with the buffers Reserve grew (no allocation, except the fallback
+// of a scan_in_pack plan, which happens before D is written).
+void Execute(const tefl_call_frame* f, const OneGemm& o, OnePlan p, Workspace& ws) {
   const bool dgelu = o.gelu && o.grad;
+  bool prepacked = false;
+  if (p.bf16 && p.scan_in_pack) {
+    if (Bf16Pack(f, o.transa, o.transb, o.m, o.n, o.k, o.a, o.b, ws.packed)) {
+      p.bf16 = false;  // a subnormal: the exact sgemm path
+      Reserve(ws, o, p);
+    } else {
+      prepacked = true;
+    }
+  }
   const float* a32 = p.bf16 ? nullptr : AsF32(f, o.a, o.ta, o.m * o.k, ws.a);
   const float* b32 = p.bf16 ? nullptr : AsF32(f, o.b, o.tb, o.k * o.n, ws.b);
   const float* bias32 = o.bias ? AsF32(f, o.bias, o.tbias, o.n, ws.bias) : nullptr;
@@ -797,6 +913,7 @@ void Execute(const tefl_call_frame* f, const OneGemm& o, const OnePlan& p, Works
   g.a16 = p.bf16 ? o.a : nullptr;
   g.b16 = p.bf16 ? o.b : nullptr;
   g.packed = &ws.packed;
+  g.prepacked = prepacked;
   // alpha = 0 means "no product" to BLAS; keep it so when the scales are 0 too.
   g.alpha = o.alpha == 0.0f ? 0.0f : o.alpha * o.sa * o.sb;
   g.beta = o.beta;
@@ -905,7 +1022,7 @@ tefl_status* GenericGemm(const tefl_call_frame* f, void*) {
     // Everything that can fail (allocation) happens before D is written.
     Workspace& ws = ThreadWorkspace();
     const WorkspaceTrim trim(ws);
-    const OnePlan plan = PlanOne(f, o);
+    const OnePlan plan = PlanOne(f, o, /*scan=*/false);
     Reserve(ws, o, plan);
     Execute(f, o, plan, ws);
     return nullptr;
@@ -991,7 +1108,7 @@ tefl_status* GroupedGemm(const tefl_call_frame* f, void*) {
     const WorkspaceTrim trim(ws);
     std::vector<OnePlan> plans(static_cast<size_t>(groups));
     for (size_t i = 0; i < jobs.size(); ++i) {
-      plans[i] = PlanOne(f, jobs[i]);
+      plans[i] = PlanOne(f, jobs[i], /*scan=*/true);
       Reserve(ws, jobs[i], plans[i]);
     }
     for (size_t i = 0; i < jobs.size(); ++i) Execute(f, jobs[i], plans[i], ws);
