@@ -17,7 +17,8 @@ def gelu_tanh(x):
 def close(a, b, tol=1e-4):
     torch.testing.assert_close(a.to(torch.float64), b.to(torch.float64), rtol=tol, atol=tol)
 
-#-- -- generic_gemm -- -- -- -- -- -- -- -- -- -- -- -- -- -- -- -- -- -- -- -- -- -- -- -- -- -- -- -- -- -- -- -- -- -
+
+# ---- generic_gemm -------------------------------------------------------------------
 
 def test_fprop_tn_with_bias_and_gelu():
     g = torch.Generator().manual_seed(0)
@@ -44,7 +45,7 @@ def dgelu_tanh(x):
 
 
 def test_dgelu_epilogue_gelu_with_grad():
-#TE 's LayerNormMLP backward: fc2 dgrad "NN" with gelu=True, grad=True, gelu_in = fc1' s pre - GELU output
+    # TE's LayerNormMLP backward: fc2 dgrad "NN" with gelu=True, grad=True, gelu_in = fc1's pre-GELU output
     g = torch.Generator().manual_seed(5)
     dy, w2, h = torch.randn(9, 12, generator=g), torch.randn(12, 16, generator=g), torch.randn(9, 16, generator=g)
     out, bias_grad, pre, _ = tefl.generic_gemm(w2, False, dy, False, gelu=True, gelu_in=h, grad=True,
@@ -55,7 +56,7 @@ def test_dgelu_epilogue_gelu_with_grad():
     close(bias_grad, want.sum(0))
     with pytest.raises(ValueError, match="gelu_in"):
         tefl.generic_gemm(w2, False, dy, False, gelu=True, grad=True)
-#the row - major op checks the pre - GELU input's shape before writing anything
+    # the row-major op checks the pre-GELU input's shape before writing anything
     d = torch.full((9, 16), 7.0)
     with pytest.raises(Exception, match="pre_gelu_out"):
         tefl.call("generic_gemm", dy, w2, gelu=True, grad=True, beta=0.0, out=(d, torch.empty(16, 9), None, None))
@@ -67,7 +68,7 @@ def test_grouped_gemm_wgrad_fp8_and_dgelu():
     splits = [3, 0, 5]
     x, dy = torch.randn(8, 6, generator=g), torch.randn(8, 4, generator=g)
     m_splits = torch.tensor(splits, dtype=torch.int64)
-#wgrad "NT" per expert : dW_g = dy_g ^ T x_g, grad_bias_g = dy_g.sum(0) : transa, m_splits splits K
+    # wgrad "NT" per expert: dW_g = dy_g^T x_g, grad_bias_g = dy_g.sum(0): transa, m_splits splits K
     dw = torch.full((3, 4, 6), 5.0)
     bgrad = torch.full((3, 4), 5.0)
     tefl.call("te_general_grouped_gemm", dy, x, m_splits, transa=True, grad=True, beta=0.0,
@@ -75,7 +76,7 @@ def test_grouped_gemm_wgrad_fp8_and_dgelu():
     for i, (dyg, xg) in enumerate(zip(dy.split(splits), x.split(splits))):
         close(dw[i], dyg.T @ xg)
         close(bgrad[i], dyg.sum(0))
-#fprop with FP8 operands, one scale_inv per expert
+    # fprop with FP8 operands, one scale_inv per expert
     w = torch.randn(3, 4, 6, generator=g)
     qx, _, sx = tefl.quantize(x, torch.tensor([32.0]))
     qws = [tefl.quantize(w[i], torch.tensor([16.0 * (i + 1)])) for i in range(3)]
@@ -86,7 +87,7 @@ def test_grouped_gemm_wgrad_fp8_and_dgelu():
               out=(y, None, None, None))
     want = torch.cat([(qx.float() * sx).split(splits)[i] @ (qw[i].float() * sw[i]).T for i in range(3)])
     close(y, want)
-#DGELU per group : D_g = (A_g B_g)*gelu'(pre_g), bias_grad [G, N]
+    # DGELU per group: D_g = (A_g B_g) * gelu'(pre_g), bias_grad [G, N]
     h = torch.randn(8, 4, generator=g)
     d = torch.empty(8, 4)
     bg = torch.empty(3, 4)
@@ -113,7 +114,7 @@ def test_accumulate_adds_into_d_and_bf16_output_dtype():
 
 
 def test_row_major_op_and_te_call_agree():
-#tefl 's row-major op: D = op(A) op(B); TE' s call swaps the operands
+    # tefl's row-major op: D = op(A) op(B); TE's call swaps the operands
     g = torch.Generator().manual_seed(3)
     a, b = torch.randn(4, 7, generator=g), torch.randn(5, 7, generator=g)
     d_row, *_ = tefl.call("generic_gemm", a, b, transb=True, beta=0.0)
@@ -133,7 +134,7 @@ def test_fp8_operands_and_fp8_output():
                                 output_dtype=tefl.DType.kFloat32)
     ref = (qx.float() / 64.0) @ (qw.float() / 64.0).T  # dequantize then fp32
     close(out, ref, 1e-4)
-#float8 tensors need their scale_inv
+    # float8 tensors need their scale_inv
     with pytest.raises(ValueError, match="scale_inv"):
         tefl.generic_gemm(qw, True, qx, False)
     q = tefl.Float8Quantizer(scale=torch.tensor([2.0]), amax=torch.zeros(1))
@@ -153,7 +154,8 @@ def test_quantize_matches_torch_cast_and_round_trips():
     q5, _, _ = tefl.quantize(x, torch.tensor([100.0]), out=(torch.empty(101, dtype=torch.float8_e5m2), None, None))
     torch.testing.assert_close(q5.float(), (x * 100).to(torch.float8_e5m2).float())
 
-#-- -- attention -- -- -- -- -- -- -- -- -- -- -- -- -- -- -- -- -- -- -- -- -- -- -- -- -- -- -- -- -- -- -- -- -- -- --
+
+# ---- attention ----------------------------------------------------------------------
 
 def test_get_attention_backend_follows_the_policy_and_explains():
     params = dict(batch_size=2, num_heads=8, num_gqa_groups=2, max_seqlen_q=64, max_seqlen_kv=64, head_dim_qk=64,
