@@ -75,8 +75,9 @@ void BM_Grouped(benchmark::State& state, DType dt, const std::string& impl) {
   DLTensor ta = View(a, dt, as, 2), tb = View(b, dt, bs, 3), td = View(d, dt, ds, 2),
            tsp = View(splits, DType::kI64, ss, 1);
   tefl_gemm_attrs attrs{TEFL_GEMM_ATTRS_STRUCT_SIZE, 0, 1, 1.0f, 1.0f, 0, 0, 0, 0};
-  const DLTensor* in[4] = {&ta, &tb, &tsp, nullptr};
-  DLTensor* out[1] = {&td};
+  // in: A B m_splits bias a_scale_inv b_scale_inv d_scale; out: D pre_gelu_out bias_grad d_amax
+  const DLTensor* in[7] = {&ta, &tb, &tsp, nullptr, nullptr, nullptr, nullptr};
+  DLTensor* out[4] = {&td, nullptr, nullptr, nullptr};
   auto pinned = tefl::bench::PinnedPolicy("te_general_grouped_gemm", impl);
   if (!pinned) {
     state.SkipWithError("policy");

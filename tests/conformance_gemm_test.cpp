@@ -64,6 +64,7 @@ struct Problem {
   tefl_gemm_attrs attrs = DefaultAttrs();
   // K-aware error bound per element of D and pre_gelu_out (see MagnitudeOf).
   std::vector<double> magnitude;
+  std::vector<double> col_magnitude;  // DGELU bias_grad: per column (per group), the sum of magnitude
   int64_t k = 0;
 
   std::vector<const DLTensor*> InPtrs() {
@@ -225,9 +226,13 @@ Problem MakeGemm(const DTypes& dt, const Epilogue& ep, int64_t m, int64_t n, int
   p.out[kD] = Sentinel(dt.d, {m, n});
   if (ep.accumulate) p.out[kD]->Uniform("D0/" + seed);
   if (ep.pre) p.out[kPreGelu] = Sentinel(side, {m, n});
-  if (ep.grad) p.out[kBiasGrad] = Sentinel(vec, {m});
+  if (ep.pre && ep.gelu && ep.grad) p.out[kPreGelu]->Uniform("P/" + seed, -3.0, 3.0);  // DGELU: an input
+  if (ep.grad) p.out[kBiasGrad] = Sentinel(vec, {ep.gelu ? n : m});
   if (IsFp8(dt.d)) p.out[kDAmax] = Sentinel(DType::kF32, {1});
   p.magnitude = MagnitudeOf(p, m, n, k);
+  p.col_magnitude.assign(size_t(n), 0.0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) p.col_magnitude[size_t(j)] += p.magnitude[size_t(i * n + j)];
   return p;
 }
 
@@ -242,7 +247,11 @@ void CheckAll(Problem& p) {
   for (const char* must : tefl::testing::kMustServeImpls)
     EXPECT_NE(std::find(impls.begin(), impls.end(), must), impls.end()) << must << " is not registered";
   const double gelu_factor = p.attrs.gelu ? 1.2 : 1.0;
-  const double d_scale = p.in.size() > kDScale && p.in[kDScale] ? p.in[kDScale]->at(0) : 1.0;
+  double d_scale = 1.0;  // the largest (grouped: one per group)
+  if (p.in.size() > kDScale && p.in[kDScale]) {
+    d_scale = 0.0;
+    for (int64_t i = 0; i < p.in[kDScale]->numel(); ++i) d_scale = std::max(d_scale, p.in[kDScale]->at(i));
+  }
   for (const std::string& impl : impls) {
     if (impl == kReference) continue;
     SCOPED_TRACE("impl " + impl);
@@ -261,14 +270,17 @@ void CheckAll(Problem& p) {
       const Tensor& want = *ref.out[i];
       EXPECT_TRUE(got.GuardsIntact()) << "wrote outside output " << i;
       CompareResult r;
-      if (p.op == kGemm && i == kBiasGrad) {
+      // Output positions: generic_gemm and the grouped GEMM agree (D, pre_gelu_out, bias_grad, d_amax).
+      if (i == kBiasGrad && p.attrs.gelu) {  // DGELU: column sums of D, K-aware per element
+        r = CompareGemm(got, want, p.col_magnitude, p.k, gelu_factor);
+      } else if (i == kBiasGrad) {
         r = Compare(got, want, ToleranceFor(got.dtype()));
-      } else if (p.op == kGemm && i == kDAmax) {
+      } else if (i == kDAmax) {
         double max_mag = 0;
         for (double v : p.magnitude) max_mag = std::max(max_mag, v);
-        const std::vector<double> mag1 = {max_mag};
+        const std::vector<double> mag1(size_t(got.numel()), max_mag);
         r = CompareGemm(got, want, mag1, p.k, gelu_factor);
-      } else if (p.op == kGemm && i == kPreGelu) {
+      } else if (i == kPreGelu) {
         r = CompareGemm(got, want, p.magnitude, p.k, 1.0);
       } else {
         std::vector<double> mag = p.magnitude;
@@ -301,6 +313,8 @@ const Epilogue kEpilogues[] = {
     {"accumulate", false, false, false, false, false, true, 1.0f, 1.0f},
     {"accumulate_beta_bias", false, true, false, false, false, true, -0.75f, 0.5f},
     {"grad", false, false, false, false, true, false, 1.0f, 1.0f},
+    {"dgelu", false, false, true, true, true, false, 1.0f, 1.0f},               // TE's DGELU epilogue
+    {"dgelu_c_alpha_beta", true, false, true, true, true, false, 0.5f, -1.5f},  // DGELU over alpha AB + beta C
 };
 struct Shape {
   int64_t m, n, k;
@@ -584,55 +598,132 @@ TEST(GemmConformanceSpecial, SubnormalBf16InputsLarge) {
   EXPECT_GT(sum, 1.0) << "the products of large A and subnormal B are not negligible";
 }
 
+// default.portable checks for subnormals while it packs the operands (each
+// packing path its own way): one subnormal bf16 value, everything else in
+// its operand zero and the other operand large, must reach D wherever it
+// sits: full 8-row blocks (vector transpose and its leftover pairs), partial
+// blocks/panels, an odd K's last pair, every transpose.
+TEST(GemmConformanceSpecial, OneSubnormalAnywhereIsSeen) {
+  const Shape shapes[] = {{40, 64, 40}, {37, 45, 41}};
+  for (const Shape& sh : shapes)
+    for (int t = 0; t < 4; ++t)
+      for (int in_b = 0; in_b < 2; ++in_b) {
+        const bool ta = t & 1, tb = t & 2;
+        const int64_t n_elems = in_b ? sh.k * sh.n : sh.m * sh.k;
+        for (int64_t pos : {int64_t(0), n_elems / 2 + 3, n_elems - 1}) {
+          SCOPED_TRACE(fmt::format("{}x{}x{} transa={} transb={} subnormal in {} at {}", sh.m, sh.n, sh.k, ta, tb,
+                                   in_b ? "B" : "A", pos));
+          Problem p =
+              MakeGemm({DType::kBF16, DType::kBF16, DType::kF32}, kEpilogues[0], sh.m, sh.n, sh.k, ta, tb, "one_subn");
+          Tensor& sub = *p.in[in_b ? kB : kA];
+          Tensor& big = *p.in[in_b ? kA : kB];
+          sub.Fill(0.0);
+          sub.set(pos, 3e-39);  // subnormal in bf16
+          big.Fill(1e38);
+          p.magnitude = MagnitudeOf(p, sh.m, sh.n, sh.k);
+          CheckAll(p);
+          if (::testing::Test::HasFatalFailure()) return;
+        }
+      }
+}
+
 // ---- te_general_grouped_gemm ------------------------------------------------------
+// in: A B m_splits bias a_scale_inv b_scale_inv d_scale; out: D pre_gelu_out bias_grad d_amax
+enum { kGSplits = 2, kGBias = 3 };
 struct GroupedCase {
   DType t, td;
   bool transb, bias, accumulate, gelu;
   float alpha, beta;
+  bool transa = false, grad = false, pre = false, amax = false;
+  DType tb = DType::kUnknown;  // B's dtype when it differs (FP8 mixes); kUnknown: t
+  bool per_group_scales = true;
 };
 
-Problem MakeGrouped(const GroupedCase& c, const std::vector<int64_t>& splits, int64_t n, int64_t k) {
+Problem MakeGrouped(const GroupedCase& c, const std::vector<int64_t>& splits, int64_t n, int64_t k_or_m) {
   Problem p;
   p.op = kGrouped;
-  p.k = k;
-  int64_t rows = 0;
-  for (int64_t s : splits) rows += s;
+  int64_t rows = 0, kmax = 0;
+  for (int64_t s : splits) {
+    rows += s;
+    kmax = std::max(kmax, s);
+  }
   const int64_t g = int64_t(splits.size());
+  const bool dgelu = c.gelu && c.grad;
+  const DType tb = c.tb == DType::kUnknown ? c.t : c.tb;
+  // no transa: K = k_or_m, M of group = split; transa: M = k_or_m, K of group = split.
+  const int64_t cols_a = k_or_m;
+  p.k = c.transa ? kmax : k_or_m;
+  p.attrs.transa = c.transa;
   p.attrs.transb = c.transb;
   p.attrs.accumulate = c.accumulate;
   p.attrs.gelu = c.gelu;
+  p.attrs.grad = c.grad;
   p.attrs.alpha = c.alpha;
   p.attrs.beta = c.beta;
-  p.in.resize(4);
-  p.out.resize(1);
-  p.in[0] = Tensor(c.t, {rows, k});
-  p.in[0]->Uniform("gA");
-  p.in[1] = Tensor(c.t, c.transb ? std::vector<int64_t>{g, n, k} : std::vector<int64_t>{g, k, n});
-  p.in[1]->Uniform("gB");
-  p.in[2] = Tensor(DType::kI64, {g});
-  for (int64_t i = 0; i < g; ++i) p.in[2]->set(i, double(splits[size_t(i)]));
+  const DType side = IsFp8(c.td) ? DType::kF32 : c.td;  // pre_gelu_out
+  const DType vec = IsFp8(c.t) ? DType::kBF16 : c.t;    // bias, bias_grad
+  p.in.resize(7);
+  p.out.resize(4);
+  p.in[kA] = Tensor(c.t, {rows, cols_a});
+  p.in[kA]->Uniform("gA");
+  if (c.transa)
+    p.in[kB] = Tensor(tb, {rows, n});
+  else
+    p.in[kB] = Tensor(tb, c.transb ? std::vector<int64_t>{g, n, k_or_m} : std::vector<int64_t>{g, k_or_m, n});
+  p.in[kB]->Uniform("gB");
+  p.in[kGSplits] = Tensor(DType::kI64, {g});
+  for (int64_t i = 0; i < g; ++i) p.in[kGSplits]->set(i, double(splits[size_t(i)]));
   if (c.bias) {
-    p.in[3] = Tensor(c.t, {g, n});
-    p.in[3]->Uniform("gbias");
+    p.in[kGBias] = Tensor(vec, {g, n});
+    p.in[kGBias]->Uniform("gbias");
   }
-  p.out[0] = Sentinel(c.td, {rows, n});
-  if (c.accumulate) p.out[0]->Uniform("gD0");
-  // Magnitudes per element, group by group.
-  p.magnitude.assign(size_t(rows * n), 0.0);
+  const int64_t ns = c.per_group_scales ? std::max<int64_t>(g, 1) : 1;
+  auto scales = [&](double base) {
+    Tensor t(DType::kF32, {ns});
+    for (int64_t i = 0; i < ns; ++i) t.set(i, base * (1.0 + 0.25 * double(i % 3)));  // not powers of two
+    return t;
+  };
+  if (IsFp8(c.t)) p.in[kAScaleInv] = scales(0.75);
+  if (IsFp8(tb)) p.in[kBScaleInv] = scales(1.25);
+  if (IsFp8(c.td)) p.in[kDScale] = scales(0.375);
+  const std::vector<int64_t> dshape = c.transa ? std::vector<int64_t>{g, cols_a, n} : std::vector<int64_t>{rows, n};
+  p.out[kD] = Sentinel(c.td, dshape);
+  if (c.accumulate) p.out[kD]->Uniform("gD0");
+  if (c.pre) p.out[kPreGelu] = Sentinel(side, dshape);
+  if (c.pre && dgelu) p.out[kPreGelu]->Uniform("gP", -3.0, 3.0);
+  if (c.grad)
+    p.out[kBiasGrad] = dgelu ? Sentinel(vec, {g, n}) : c.transa ? Sentinel(vec, {g, cols_a}) : Sentinel(vec, {rows});
+  if (c.amax) p.out[kDAmax] = Sentinel(DType::kF32, {g});
+  // Magnitudes per element of D, group by group (and per column of each group for DGELU's bias_grad).
+  const int64_t d_elems = p.out[kD]->numel();
+  p.magnitude.assign(size_t(d_elems), 0.0);
+  p.col_magnitude.assign(size_t(g * n), 0.0);
+  auto scale_of = [&](int idx, int64_t grp) {
+    return p.in[idx] ? float(p.in[idx]->at(p.in[idx]->numel() == 1 ? 0 : grp)) : 1.0;
+  };
   int64_t row = 0;
   for (int64_t grp = 0; grp < g; ++grp) {
-    for (int64_t i = row; i < row + splits[size_t(grp)]; ++i)
+    const int64_t sp = splits[size_t(grp)];
+    const int64_t m = c.transa ? cols_a : sp, k = c.transa ? sp : k_or_m;
+    const int64_t d0 = c.transa ? grp * m * n : row * n;  // first element of D_g
+    const double sa = scale_of(kAScaleInv, grp), sb = scale_of(kBScaleInv, grp);
+    for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < n; ++j) {
-        double s = 0;
-        for (int64_t kk = 0; kk < k; ++kk)
-          s += std::fabs(p.in[0]->at(i * k + kk) *
-                         p.in[1]->at(c.transb ? (grp * n + j) * k + kk : (grp * k + kk) * n + j));
-        double v = std::fabs(double(c.alpha)) * s;
-        if (c.accumulate) v += std::fabs(double(c.beta) * p.out[0]->at(i * n + j));
-        if (c.bias) v += std::fabs(p.in[3]->at(grp * n + j));
-        p.magnitude[size_t(i * n + j)] = v;
+        double acc = 0;
+        for (int64_t kk = 0; kk < k; ++kk) {
+          const double av = c.transa ? p.in[kA]->at((row + kk) * m + i) : p.in[kA]->at((row + i) * k + kk);
+          const double bv = c.transa   ? p.in[kB]->at((row + kk) * n + j)
+                            : c.transb ? p.in[kB]->at((grp * n + j) * k + kk)
+                                       : p.in[kB]->at((grp * k + kk) * n + j);
+          acc += std::fabs(av * sa * bv * sb);
+        }
+        double v = std::fabs(double(c.alpha)) * acc;
+        if (c.accumulate) v += std::fabs(double(c.beta) * p.out[kD]->at(d0 + i * n + j));
+        if (c.bias) v += std::fabs(p.in[kGBias]->at(grp * n + j));
+        p.magnitude[size_t(d0 + i * n + j)] = v;
+        p.col_magnitude[size_t(grp * n + j)] += v;
       }
-    row += splits[size_t(grp)];
+    row += sp;
   }
   return p;
 }
@@ -645,32 +736,51 @@ TEST(GroupedGemm, MatchesReferenceWithAnEmptyGroup) {
       {DType::kBF16, DType::kBF16, true, true, false, true, 1.0f, 1.0f},
       {DType::kF16, DType::kF16, false, true, true, false, 0.5f, 2.0f},
       {DType::kBF16, DType::kF32, true, false, true, false, 1.0f, 1.0f},
+      // GELU with its pre-activation, amax
+      {DType::kBF16, DType::kBF16, false, true, false, true, 1.0f, 1.0f, false, false, true, true},
+      // FP8 operands with per-group scale_inv (E4M3 x E5M2), FP8 D with per-group d_scale and d_amax
+      {DType::kE4M3, DType::kBF16, true, true, false, false, 1.0f, 1.0f, false, false, false, true, DType::kE5M2},
+      {DType::kE4M3, DType::kE4M3, false, false, false, true, 1.0f, 1.0f, false, false, true, true},
+      {DType::kE5M2, DType::kF32, false, false, false, false, 1.0f, 1.0f, false, false, false, false, DType::kE4M3,
+       false},  // one scale_inv for all groups ([1])
+      // grad: per-row sums of A (fprop/dgrad packing)
+      {DType::kF32, DType::kF32, false, false, false, false, 1.0f, 1.0f, false, true},
+      // DGELU: D_g = (A_g B_g) * gelu'(pre_gelu_out_g), bias_grad [G, N]
+      {DType::kBF16, DType::kBF16, false, false, false, true, 1.0f, 1.0f, false, true, true},
+      {DType::kF32, DType::kF16, true, false, true, true, 0.5f, -1.0f, false, true, true, true},
+      // transa (TE wgrad "NT"): m_splits splits K; D [G, M, N]; grad: bias_grad [G, M]
+      {DType::kF32, DType::kF32, false, false, false, false, 1.0f, 1.0f, true, true},
+      {DType::kBF16, DType::kF32, false, true, true, false, 1.0f, 1.0f, true},
+      {DType::kE4M3, DType::kBF16, false, false, false, false, 1.0f, 1.0f, true, true, false, true, DType::kE5M2},
+      {DType::kF16, DType::kF16, false, false, false, true, 1.0f, 1.0f, true, true, true},  // transa + DGELU
   };
   for (const GroupedCase& c : cases) {
-    SCOPED_TRACE(fmt::format("{}->{} transb={} bias={} acc={} gelu={}", Short(c.t), Short(c.td), c.transb, c.bias,
-                             c.accumulate, c.gelu));
+    SCOPED_TRACE(fmt::format("{}x{}->{} transa={} transb={} bias={} acc={} gelu={} grad={} pre={} amax={}", Short(c.t),
+                             Short(c.tb == DType::kUnknown ? c.t : c.tb), Short(c.td), c.transa, c.transb, c.bias,
+                             c.accumulate, c.gelu, c.grad, c.pre, c.amax));
     Problem p = MakeGrouped(c, splits, 19, 37);
     CheckAll(p);
   }
   // Groups large enough for default.portable's bf16 dot-product path (decided
-  // per call from the largest group), small groups included.
+  // per group), small groups included.
   const GroupedCase bf16_cases[] = {
       {DType::kBF16, DType::kBF16, true, true, false, false, 1.0f, 1.0f},   // bf16 D straight from the tiles
       {DType::kBF16, DType::kBF16, false, false, true, false, 1.0f, 0.5f},  // accumulate: fp32 scratch
       {DType::kBF16, DType::kF32, true, true, false, true, 2.0f, 1.0f},     // GELU epilogue, fp32 D
+      {DType::kBF16, DType::kBF16, false, false, false, true, 1.0f, 1.0f, false, true, true, true},  // DGELU
+      {DType::kBF16, DType::kBF16, false, false, false, false, 1.0f, 1.0f, true, true},              // wgrad, transa
   };
   for (const GroupedCase& c : bf16_cases) {
-    SCOPED_TRACE(fmt::format("large {}->{} transb={} bias={} acc={} gelu={}", Short(c.t), Short(c.td), c.transb, c.bias,
-                             c.accumulate, c.gelu));
+    SCOPED_TRACE(fmt::format("large {}->{} transa={} transb={} bias={} acc={} gelu={} grad={}", Short(c.t), Short(c.td),
+                             c.transa, c.transb, c.bias, c.accumulate, c.gelu, c.grad));
     Problem p = MakeGrouped(c, {40, 0, 70, 5}, 48, 40);
     CheckAll(p);
   }
   // Every group empty, and no groups at all.
   for (const std::vector<int64_t>& s : {std::vector<int64_t>{0, 0}, std::vector<int64_t>{}}) {
-    Problem p = MakeGrouped(cases[1], s, 4, 6);
-    for (const std::string& impl : CpuImplementations(kGrouped)) {
-      Problem run = p;
-      EXPECT_TRUE(run.Run(impl).ok()) << impl;
+    for (const GroupedCase& c : {cases[1], cases[9], cases[12]}) {
+      Problem p = MakeGrouped(c, s, 4, 6);
+      CheckAll(p);
     }
   }
 }
@@ -838,11 +948,26 @@ TEST(GemmBadInput, ClearErrorAndNoOutputTouched) {
          p.attrs.grad = 1;
          p.in[kBias] = Tensor(DType::kF32, {6});
        }},
-      {"gelu with grad",
-       {"'gelu'", "'grad'"},
+      {"gelu with grad without pre_gelu_out",
+       {"'pre_gelu_out'", "required", "[4, 6]"},
        [](Problem& p) {
          p.attrs.grad = 1;
          p.attrs.gelu = 1;
+       }},
+      {"gelu with grad, pre_gelu_out of the wrong shape",
+       {"'pre_gelu_out'", "expected shape [4, 6]"},
+       [](Problem& p) {
+         p.attrs.grad = 1;
+         p.attrs.gelu = 1;
+         p.out[kPreGelu] = Sentinel(DType::kF32, {6, 4});
+       }},
+      {"gelu with grad, bias_grad [M] instead of [N]",
+       {"'bias_grad'", "expected shape [6]", "column sums"},
+       [](Problem& p) {
+         p.attrs.grad = 1;
+         p.attrs.gelu = 1;
+         p.out[kPreGelu] = Sentinel(DType::kF32, {4, 6});
+         p.out[kBiasGrad] = Sentinel(DType::kF32, {4});
        }},
       {"transa out of range", {"'transa'"}, [](Problem& p) { p.attrs.transa = 2; }},
   };
@@ -875,7 +1000,52 @@ TEST(GroupedGemmBadInput, ClearErrorAndNoOutputTouched) {
        [](Problem& p) {
          p.out[0] = Sentinel(DType::kF32, {5, 5});
        }},
-      {"transa", {"'transa'"}, [](Problem& p) { p.attrs.transa = 1; }},
+      {"transa with transb",
+       {"'transa'", "'transb'"},
+       [](Problem& p) {
+         p.attrs.transa = 1;
+         p.attrs.transb = 1;
+       }},
+      {"transa with a stacked B", {"'B'", "with transa"}, [](Problem& p) { p.attrs.transa = 1; }},
+      {"FP8 A without scale_inv",
+       {"'a_scale_inv'", "required"},
+       [](Problem& p) {
+         p.in[0] = Tensor(DType::kE4M3, {5, 5});
+         p.in[1] = Tensor(DType::kE4M3, {3, 5, 4});
+         p.in[5] = Scalar1(1);
+       }},
+      {"scale_inv neither [G] nor [1]",
+       {"'b_scale_inv'", "expected shape [3]"},
+       [](Problem& p) {
+         p.in[0] = Tensor(DType::kE4M3, {5, 5});
+         p.in[1] = Tensor(DType::kE4M3, {3, 5, 4});
+         p.in[4] = Scalar1(1);
+         p.in[5] = Tensor(DType::kF32, {2});
+       }},
+      {"gelu with grad without pre_gelu_out",
+       {"'pre_gelu_out'", "required"},
+       [](Problem& p) {
+         p.attrs.gelu = 1;
+         p.attrs.grad = 1;
+         p.in[3].reset();
+       }},
+      {"gelu with grad, pre_gelu_out of the wrong shape",
+       {"'pre_gelu_out'", "expected shape [5, 4]"},
+       [](Problem& p) {
+         p.attrs.gelu = 1;
+         p.attrs.grad = 1;
+         p.in[3].reset();
+         p.out[1] = Sentinel(DType::kF32, {4, 5});
+       }},
+      {"bias_grad of the wrong shape",
+       {"'bias_grad'", "expected shape [5]"},
+       [](Problem& p) {
+         p.attrs.grad = 1;
+         p.in[3].reset();
+         p.out[2] = Sentinel(DType::kF32, {3, 4});
+       }},
+      {"bias with grad", {"'bias'", "grad"}, [](Problem& p) { p.attrs.grad = 1; }},
+      {"d_amax not [G]", {"'d_amax'", "expected shape [3]"}, [](Problem& p) { p.out[3] = Sentinel(DType::kF32, {1}); }},
       {"B dtype",
        {"'B'"},
        [](Problem& p) {
@@ -885,7 +1055,8 @@ TEST(GroupedGemmBadInput, ClearErrorAndNoOutputTouched) {
   for (const Bad& b : cases) {
     Problem p = base();
     b.mutate(p);
-    p.out[0]->Fill(kSentinel);
+    for (auto& o : p.out)
+      if (o) o->Fill(kSentinel);
     ExpectRejected(p, b);
   }
 }

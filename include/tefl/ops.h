@@ -349,6 +349,9 @@ TEFL_STATIC_ASSERT(offsetof(tefl_delayed_scaling_attrs, margin) == 16, "append-o
  * C's place (D = alpha * op(A) op(B) + beta * D). gelu: D = gelu_tanh(.) and
  * the pre-GELU value goes to pre_gelu_out when given. grad: bias_grad[M] =
  * sum over k of op(A)[m, k] (TE's wgrad grad_bias = dy.sum(0) with A = dy^T).
+ * gelu with grad (TE's DGELU epilogue): pre_gelu_out is an input P and
+ * D = (alpha * op(A) op(B) + beta * C) * gelu'(P), bias_grad[N] = column sums
+ * of D.
  * use_split_accumulator is a cuBLAS FP8 hint: accepted, no effect on the
  * CPU (every implementation accumulates in fp32 or wider). Defaults: no
  * transposes, alpha 1, beta 1, the flags 0. */

@@ -17,7 +17,9 @@
 //
 // Declined (supports(), from the call signature): float16 A/B/D (oneDNN 2.6
 // has no f16 matmul on these CPUs), FP8 A/B/D (scale_inv/d_scale, d_amax),
-// grad (bias_grad: no oneDNN epilogue sums op(A)'s rows), pre_gelu_out (a
+// gelu with grad (TE's DGELU epilogue: no oneDNN post-op multiplies by the
+// GELU derivative of a second tensor), grad (bias_grad: no oneDNN epilogue
+// sums op(A)'s rows), pre_gelu_out (a
 // post-op chain cannot also store the pre-activation), d_amax, C with
 // accumulate, strided tensors.
 // Declined from the kernel (TEFL_UNSUPPORTED, before writing): K = 0 (oneDNN
@@ -155,6 +157,10 @@ int32_t Supports(const tefl_call_frame* f, void*, char* why, size_t len) noexcep
           "onednn serves float32 and bfloat16 A/B/D only (no FP8 matmul in oneDNN 2.6), got " + DtypeName(t->dtype));
     }
     if (DtOf(a) != DtOf(b)) return Decline(why, len, "onednn needs A and B of one dtype");
+    if (at.gelu && at.grad)
+      return Decline(why, len,
+                     "onednn declines gelu with grad (TE's DGELU epilogue: D * gelu'(pre_gelu_out)): oneDNN 2.6 has no "
+                     "post-op that multiplies by the GELU derivative of a second tensor");
     if (at.grad || Out(f, kBiasGrad) != nullptr)
       return Decline(why, len, "onednn declines grad (bias_grad): no oneDNN matmul epilogue sums op(A)'s rows");
     if (Out(f, kPreGelu) != nullptr)

@@ -179,8 +179,9 @@ def _index(schema, kind: str, name: str) -> str:
 
 
 # generic_gemm (row-major, docs/ops-gemm.md): D [M, N] with M from op(A) and N
-# from op(B); pre_gelu_out when gelu, bias_grad [M] when grad; d_amax only
-# when passed.
+# from op(B); pre_gelu_out when gelu (not with grad: DGELU reads it, so the
+# caller passes it), bias_grad [M] when grad ([N] with gelu too: column sums
+# of D); d_amax only when passed.
 def _generic_gemm(schema, k: int):
     a, b = _index(schema, "inputs", "A"), _index(schema, "inputs", "B")
     ta, tb = _index(schema, "attrs", "transa"), _index(schema, "attrs", "transb")
@@ -189,18 +190,33 @@ def _generic_gemm(schema, k: int):
     name = schema["outputs"][k]["name"]
     if name == "D":
         return f"({m}, {n})", f"{a}.dtype", a
+    gelu, grad = _index(schema, "attrs", "gelu"), _index(schema, "attrs", "grad")
     if name == "pre_gelu_out":
-        return f"({m}, {n})", f"_gemm_float({a}.dtype)", a, _index(schema, "attrs", "gelu")
+        return f"({m}, {n})", f"_gemm_float({a}.dtype)", a, f"({gelu} and not {grad})"
     if name == "bias_grad":
-        return f"({m},)", f"_gemm_float({a}.dtype)", a, _index(schema, "attrs", "grad")
+        return f"(({n} if {gelu} else {m}),)", f"_gemm_float({a}.dtype)", a, grad
     raise NotInferable(name)
 
 
-# te_general_grouped_gemm: D [sum(m_splits), N] with N from B [G, K, N] ([G, N, K] with transb).
+# te_general_grouped_gemm: D [sum(m_splits), N] with N from B [G, K, N] ([G, N, K] with transb);
+# with transa D [G, M, N] (A [S, M], B [S, N], G = len(m_splits)). pre_gelu_out like D when gelu (not
+# with grad), bias_grad when grad: [G, N] with gelu, [G, M] with transa, else [S]; d_amax when passed.
 def _grouped_gemm(schema, k: int) -> Rule:
     a, b = _index(schema, "inputs", "A"), _index(schema, "inputs", "B")
-    tb = _index(schema, "attrs", "transb")
-    return f"({a}.shape[0], ({b}.shape[1] if {tb} else {b}.shape[2]))", f"{a}.dtype", a
+    sp = _index(schema, "inputs", "m_splits")
+    ta, tb = _index(schema, "attrs", "transa"), _index(schema, "attrs", "transb")
+    gelu, grad = _index(schema, "attrs", "gelu"), _index(schema, "attrs", "grad")
+    n = f"({b}.shape[1] if ({ta} or {tb}) else {b}.shape[2])"
+    d = f"(({sp}.shape[0], {a}.shape[1], {n}) if {ta} else ({a}.shape[0], {n}))"
+    name = schema["outputs"][k]["name"]
+    if name == "D":
+        return d, f"_gemm_float({a}.dtype)", a
+    if name == "pre_gelu_out":
+        return d, f"_gemm_float({a}.dtype)", a, f"({gelu} and not {grad})"
+    if name == "bias_grad":
+        return (f"(({sp}.shape[0], {n}) if {gelu} else ({sp}.shape[0], {a}.shape[1]) if {ta} else ({a}.shape[0],))",
+                f"_gemm_float({a}.dtype)", a, grad)
+    raise NotInferable(name)
 
 
 # fused_attn_fwd: o like q with v's head dim; stats [b, h_q, sq] (thd: [h_q, t_q]).

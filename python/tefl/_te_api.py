@@ -98,7 +98,10 @@ def generic_gemm(A, transA, B, transB, D=None, quantizer=None, output_dtype=None
     with grad) is added per output column; with ``grad`` and a ``bias``
     argument, ``bias_grad`` is the bias gradient (TE's wgrad: ``dy.sum(0)``).
     ``gelu`` applies tanh-GELU and returns the pre-GELU values (into
-    ``gelu_in`` when given). ``accumulate`` adds into ``D``. ``workspace``,
+    ``gelu_in`` when given). ``gelu`` with ``grad`` is TE's DGELU epilogue:
+    ``gelu_in`` (required) holds the forward's pre-GELU values, out =
+    ``(op'(A) op'(B)) * gelu'(gelu_in)`` and, with a ``bias`` argument,
+    ``bias_grad`` = the column sums of out. ``accumulate`` adds into ``D``. ``workspace``,
     ``workspace_size``, ``bias_type`` and ``use_split_accumulator`` are cuBLAS
     details, accepted and unused on tefl's CPU implementations.
     """
@@ -131,10 +134,13 @@ def generic_gemm(A, transA, B, transB, D=None, quantizer=None, output_dtype=None
     fdt = "float32" if fdt.startswith("float8") else fdt
     pre = None
     if gelu:
+        if grad and gelu_in is None:
+            raise ValueError("generic_gemm: gelu=True with grad=True (TE's DGELU epilogue) reads the forward's "
+                             "pre-GELU values: pass gelu_in")
         pre = gelu_in if gelu_in is not None else _empty(a, (m, n), fdt)
     bias_grad = None
-    if grad and bias is not None:
-        bias_grad = _empty(a, (m,), dtype_name(bias.dtype))
+    if grad and bias is not None:  # DGELU: column sums of out [n]; else TE's wgrad dy.sum(0) [m]
+        bias_grad = _empty(a, (n,) if gelu else (m,), dtype_name(bias.dtype))
     _call(a, b, bias=None if grad else bias, a_scale_inv=a_si, b_scale_inv=b_si, d_scale=d_scale, transa=ta,
           transb=tb, alpha=float(alpha), beta=1.0 if accumulate else 0.0, accumulate=bool(accumulate),
           gelu=bool(gelu), grad=bool(grad), use_split_accumulator=bool(use_split_accumulator),

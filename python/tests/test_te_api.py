@@ -39,6 +39,66 @@ def test_dgrad_nn_and_wgrad_nt_with_bias_gradient():
     close(bias_grad, dy.sum(0))
 
 
+def dgelu_tanh(x):
+    t = torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x))
+    return 0.5 * x * (1 - t * t) * (0.79788456 + 0.1070322243 * x * x) + 0.5 * (1 + t)
+
+
+def test_dgelu_epilogue_gelu_with_grad():
+    # TE's LayerNormMLP backward: fc2 dgrad "NN" with gelu=True, grad=True, gelu_in = fc1's pre-GELU output
+    g = torch.Generator().manual_seed(5)
+    dy, w2, h = torch.randn(9, 12, generator=g), torch.randn(12, 16, generator=g), torch.randn(9, 16, generator=g)
+    out, bias_grad, pre, _ = tefl.generic_gemm(w2, False, dy, False, gelu=True, gelu_in=h, grad=True,
+                                               bias=torch.empty(16))
+    want = (dy @ w2) * dgelu_tanh(h)
+    assert pre is h and out.shape == (9, 16) and bias_grad.shape == (16,)
+    close(out, want)
+    close(bias_grad, want.sum(0))
+    with pytest.raises(ValueError, match="gelu_in"):
+        tefl.generic_gemm(w2, False, dy, False, gelu=True, grad=True)
+    # the row-major op checks the pre-GELU input's shape before writing anything
+    d = torch.full((9, 16), 7.0)
+    with pytest.raises(Exception, match="pre_gelu_out"):
+        tefl.call("generic_gemm", dy, w2, gelu=True, grad=True, beta=0.0, out=(d, torch.empty(16, 9), None, None))
+    assert bool((d == 7.0).all())
+
+
+def test_grouped_gemm_wgrad_fp8_and_dgelu():
+    g = torch.Generator().manual_seed(6)
+    splits = [3, 0, 5]
+    x, dy = torch.randn(8, 6, generator=g), torch.randn(8, 4, generator=g)
+    m_splits = torch.tensor(splits, dtype=torch.int64)
+    # wgrad "NT" per expert: dW_g = dy_g^T x_g, grad_bias_g = dy_g.sum(0): transa, m_splits splits K
+    dw = torch.full((3, 4, 6), 5.0)
+    bgrad = torch.full((3, 4), 5.0)
+    tefl.call("te_general_grouped_gemm", dy, x, m_splits, transa=True, grad=True, beta=0.0,
+              out=(dw, None, bgrad, None))
+    for i, (dyg, xg) in enumerate(zip(dy.split(splits), x.split(splits))):
+        close(dw[i], dyg.T @ xg)
+        close(bgrad[i], dyg.sum(0))
+    # fprop with FP8 operands, one scale_inv per expert
+    w = torch.randn(3, 4, 6, generator=g)
+    qx, _, sx = tefl.quantize(x, torch.tensor([32.0]))
+    qws = [tefl.quantize(w[i], torch.tensor([16.0 * (i + 1)])) for i in range(3)]
+    qw = torch.stack([q for q, _, _ in qws])
+    sw = torch.cat([s for _, _, s in qws])
+    y = torch.full((8, 4), 5.0)
+    tefl.call("te_general_grouped_gemm", qx, qw, m_splits, a_scale_inv=sx, b_scale_inv=sw, transb=True, beta=0.0,
+              out=(y, None, None, None))
+    want = torch.cat([(qx.float() * sx).split(splits)[i] @ (qw[i].float() * sw[i]).T for i in range(3)])
+    close(y, want)
+    # DGELU per group: D_g = (A_g B_g) * gelu'(pre_g), bias_grad [G, N]
+    h = torch.randn(8, 4, generator=g)
+    d = torch.empty(8, 4)
+    bg = torch.empty(3, 4)
+    a = torch.randn(8, 6, generator=g)
+    tefl.call("te_general_grouped_gemm", a, w, m_splits, transb=True, gelu=True, grad=True, beta=0.0,
+              out=(d, h, bg, None))
+    for i, (ag, hg, dg) in enumerate(zip(a.split(splits), h.split(splits), d.split(splits))):
+        close(dg, (ag @ w[i].T) * dgelu_tanh(hg))
+        close(bg[i], ((ag @ w[i].T) * dgelu_tanh(hg)).sum(0))
+
+
 def test_accumulate_adds_into_d_and_bf16_output_dtype():
     g = torch.Generator().manual_seed(2)
     x, w = torch.randn(5, 8, generator=g), torch.randn(6, 8, generator=g)

@@ -44,8 +44,8 @@ constexpr ArgSchema kGemmIn[] = {
 };
 constexpr ArgSchema kGemmOut[] = {
     {"D", kF | kFp8, false, "[M, N]"},
-    {"pre_gelu_out", kF, true, "[M, N], only with gelu"},
-    {"bias_grad", kF, true, "[M], only with grad"},
+    {"pre_gelu_out", kF, true, "[M, N], only with gelu (an input, required, with gelu and grad)"},
+    {"bias_grad", kF, true, "[M], only with grad ([N]: column sums of D with gelu and grad)"},
     {"d_amax", kF32Only, true, "[1]: max |D| before scaling and conversion"},
 };
 
@@ -139,21 +139,31 @@ tefl_status* CheckGemm(const OpSchema& op, const CallArgs& args) {
     if (at->accumulate) return ArgError(op, kC, "expected NULL with accumulate (D's prior content is C)");
     if (tefl_status* e = CheckShape2(op, args, kC, m, n, "[M, N], like D")) return e;
   }
-  if (at->gelu && at->grad)
-    return AttrError(op,
-                     "attributes 'gelu' and 'grad' together (TE's DGELU epilogue) are not supported: run the GEMM "
-                     "with grad, then dgelu");
+  const bool dgelu = at->gelu && at->grad;  // TE's DGELU epilogue: pre_gelu_out is an input
   if (TensorAt(args, kBias) != nullptr) {
     if (at->grad) return ArgError(op, kBias, "expected NULL with grad (the bias gradient is the output 'bias_grad')");
     if (tefl_status* e = CheckShape1(op, args, kBias, n, "N = columns of D")) return e;
   }
   if (TensorAt(args, kPreGelu) != nullptr) {
     if (!at->gelu) return ArgError(op, kPreGelu, "expected NULL without the 'gelu' attribute");
-    if (tefl_status* e = CheckShape2(op, args, kPreGelu, m, n, "[M, N], like D")) return e;
+    if (tefl_status* e = CheckShape2(
+            op, args, kPreGelu, m, n,
+            dgelu ? "[M, N]: the forward's pre-GELU values, an input with gelu and grad" : "[M, N], like D"))
+      return e;
+  } else if (dgelu) {
+    return ArgError(op, kPreGelu,
+                    fmt::format("is required with 'gelu' and 'grad' (TE's DGELU epilogue reads the forward's "
+                                "pre-GELU values): expected [{}, {}], got NULL",
+                                m, n));
   }
   if (TensorAt(args, kBiasGrad) != nullptr) {
     if (!at->grad) return ArgError(op, kBiasGrad, "expected NULL without the 'grad' attribute");
-    if (tefl_status* e = CheckShape1(op, args, kBiasGrad, m, "M = rows of D: sum over k of op(A)")) return e;
+    if (dgelu) {
+      if (tefl_status* e = CheckShape1(op, args, kBiasGrad, n, "N = columns of D: column sums of D (gelu with grad)"))
+        return e;
+    } else if (tefl_status* e = CheckShape1(op, args, kBiasGrad, m, "M = rows of D: sum over k of op(A)")) {
+      return e;
+    }
   }
   if (TensorAt(args, kDAmax) != nullptr) {
     if (tefl_status* e = CheckShape1(op, args, kDAmax, 1, "one fp32 amax")) return e;
@@ -162,57 +172,154 @@ tefl_status* CheckGemm(const OpSchema& op, const CallArgs& args) {
 }
 
 // ---- te_general_grouped_gemm --------------------------------------------------
-// in: A0 B1 m_splits2 bias3; out: D4
-enum GroupedArg { kGA, kGB, kGSplits, kGBias, kGD };
+// in: A0 B1 m_splits2 bias3 a_scale_inv4 b_scale_inv5 d_scale6;
+// out: D7 pre_gelu_out8 bias_grad9 d_amax10
+// Two packings (G = groups, S = sum(m_splits)):
+//  - no transa (TE fprop/dgrad): m_splits splits the rows M of A [S, K] and
+//    D [S, N]; B [G, K, N] ([G, N, K] with transb) holds one matrix per group.
+//  - transa (TE wgrad): m_splits splits K: A [S, M] and B [S, N] (no transb)
+//    hold the groups' rows one after another; D [G, M, N], one per group.
+enum GroupedArg { kGA, kGB, kGSplits, kGBias, kGAScaleInv, kGBScaleInv, kGDScale, kGD, kGPreGelu, kGBiasGrad, kGDAmax };
 
 constexpr ArgSchema kGroupedIn[] = {
-    {"A", kF, false, "[sum(m_splits), K]: the groups' rows, one after another"},
-    {"B", kF, false, "[G, K, N] ([G, N, K] with transb)"},
+    {"A", kF | kFp8, false, "[sum(m_splits), K] ([sum(m_splits), M] with transa): the groups' rows"},
+    {"B", kF | kFp8, false, "[G, K, N] ([G, N, K] with transb; [sum(m_splits), N] with transa)"},
     {"m_splits", Bit(DType::kI64), false, "[G] int64 >= 0, host memory"},
-    {"bias", kF, true, "[G, N]"},
+    {"bias", kF, true, "[G, N] (not with grad)"},
+    {"a_scale_inv", kF32Only, true, "[G] (one per group) or [1], required iff A is FP8"},
+    {"b_scale_inv", kF32Only, true, "[G] (one per group) or [1], required iff B is FP8"},
+    {"d_scale", kF32Only, true, "[G] or [1], required iff D is FP8"},
 };
 constexpr ArgSchema kGroupedOut[] = {
-    {"D", kF, false, "[sum(m_splits), N]"},
+    {"D", kF | kFp8, false, "[sum(m_splits), N] ([G, M, N] with transa)"},
+    {"pre_gelu_out", kF, true, "like D, only with gelu (an input, required, with gelu and grad)"},
+    {"bias_grad", kF, true,
+     "with grad: [sum(m_splits)] ([G, M] with transa); [G, N] (column sums of each D_g) with gelu and grad"},
+    {"d_amax", kF32Only, true, "[G]: max |D_g| before scaling, per group"},
 };
+
+tefl_status* CheckShape3(const OpSchema& op, const CallArgs& args, int i, int64_t d0, int64_t d1, int64_t d2,
+                         const char* why) {
+  const DLTensor* t = TensorAt(args, i);
+  if (t->ndim != 3 || t->shape[0] != d0 || t->shape[1] != d1 || t->shape[2] != d2)
+    return ArgError(op, i, fmt::format("expected shape [{}, {}, {}] ({}), got {}", d0, d1, d2, why, ShapeString(t)));
+  return nullptr;
+}
+
+// Shape of D, pre_gelu_out: [S, N] or [G, M, N] (transa).
+tefl_status* CheckGroupedOut(const OpSchema& op, const CallArgs& args, int i, bool transa, int64_t g, int64_t s,
+                             int64_t m, int64_t n, const char* why) {
+  return transa ? CheckShape3(op, args, i, g, m, n, why) : CheckShape2(op, args, i, s, n, why);
+}
 
 tefl_status* CheckGrouped(const OpSchema& op, const CallArgs& args) {
   const auto* at = static_cast<const tefl_gemm_attrs*>(args.attrs);
-  if (at->transa)
-    return AttrError(op, "attribute 'transa' is not supported: A holds the groups' rows one after another");
-  if (at->grad) return AttrError(op, "attribute 'grad' is not supported by the grouped GEMM");
+  const bool transa = at->transa != 0, transb = at->transb != 0;
+  if (transa && transb)
+    return AttrError(op,
+                     "attributes 'transa' and 'transb' together are not supported (with transa, m_splits splits K: "
+                     "B is [sum(m_splits), N]; TE's grouped layouts are TN, NN and NT)");
   const DLTensor* a = TensorAt(args, kGA);
   const DLTensor* b = TensorAt(args, kGB);
   const DLTensor* s = TensorAt(args, kGSplits);
   if (a->ndim != 2)
-    return ArgError(op, kGA, fmt::format("expected rank 2 ([sum(m_splits), K]), got {}", ShapeString(a)));
-  if (b->ndim != 3)
-    return ArgError(
-        op, kGB, fmt::format("expected rank 3 ({}), got {}", at->transb ? "[G, N, K]" : "[G, K, N]", ShapeString(b)));
-  if (a->dtype.code != b->dtype.code || a->dtype.bits != b->dtype.bits)
-    return ArgError(op, kGB, fmt::format("expected {} like A, got {}", Name(a), Name(b)));
-  const int64_t g = b->shape[0];
-  const int64_t k = a->shape[1];
-  const int64_t kb = at->transb ? b->shape[2] : b->shape[1];
-  const int64_t n = at->transb ? b->shape[1] : b->shape[2];
-  if (kb != k)
+    return ArgError(op, kGA,
+                    fmt::format("expected rank 2 ({}), got {}", transa ? "[sum(m_splits), M]" : "[sum(m_splits), K]",
+                                ShapeString(a)));
+  const int64_t rows = a->shape[0];
+  int64_t g = 0, m = 0, n = 0;
+  if (transa) {
+    if (s->ndim != 1) return ArgError(op, kGSplits, fmt::format("expected rank 1 ([G]), got {}", ShapeString(s)));
+    g = s->shape[0];
+    if (b->ndim != 2 || b->shape[0] != rows)
+      return ArgError(op, kGB,
+                      fmt::format("expected [{}, N] with transa (the groups' rows, like A {}), got {}", rows,
+                                  ShapeString(a), ShapeString(b)));
+    m = a->shape[1];
+    n = b->shape[1];
+  } else {
+    if (b->ndim != 3)
+      return ArgError(op, kGB,
+                      fmt::format("expected rank 3 ({}), got {}", transb ? "[G, N, K]" : "[G, K, N]", ShapeString(b)));
+    const int64_t k = a->shape[1];
+    const int64_t kb = transb ? b->shape[2] : b->shape[1];
+    n = transb ? b->shape[1] : b->shape[2];
+    if (kb != k)
+      return ArgError(
+          op, kGB,
+          fmt::format("expected K = {} (columns of A) along dim {}, got shape {}", k, transb ? 2 : 1, ShapeString(b)));
+    g = b->shape[0];
+    if (tefl_status* e = CheckShape1(op, args, kGSplits, g, "G = groups of B")) return e;
+  }
+  // dtypes: FP8 with FP8 (E4M3/E5M2 in any mix), otherwise A and B alike.
+  if (IsFp8(a) != IsFp8(b) || (!IsFp8(a) && (a->dtype.code != b->dtype.code || a->dtype.bits != b->dtype.bits)))
     return ArgError(op, kGB,
-                    fmt::format("expected K = {} (columns of A) along dim {}, got shape {}", k, at->transb ? 2 : 1,
-                                ShapeString(b)));
-  if (tefl_status* e = CheckShape1(op, args, kGSplits, g, "G = groups of B")) return e;
+                    fmt::format("expected {} (A is {}; supported: A and B of one dtype among float32, float16, "
+                                "bfloat16, or both FP8 (float8_e4m3fn/float8_e5m2 in any mix)), got {}",
+                                IsFp8(a) ? "an FP8 dtype" : Name(a), Name(a), Name(b)));
   const auto* splits = static_cast<const int64_t*>(DataPtr(s));
   int64_t total = 0;
   for (int64_t i = 0; i < g; ++i) {
-    if (splits[i] < 0 || splits[i] > a->shape[0])
-      return ArgError(op, kGSplits, fmt::format("expected m_splits[{}] in [0, {}], got {}", i, a->shape[0], splits[i]));
+    if (splits[i] < 0 || splits[i] > rows)
+      return ArgError(op, kGSplits, fmt::format("expected m_splits[{}] in [0, {}], got {}", i, rows, splits[i]));
     total += splits[i];
   }
-  if (total != a->shape[0])
+  if (total != rows)
     return ArgError(op, kGSplits,
-                    fmt::format("expected a sum of {} (rows of A {}), got {}", a->shape[0], ShapeString(a), total));
+                    fmt::format("expected a sum of {} (rows of A {}), got {}", rows, ShapeString(a), total));
+  const DLTensor* d = TensorAt(args, kGD);
+  const struct {
+    int index;
+    bool needed;
+    const char* owner;
+    int owner_index;
+  } scales[] = {{kGAScaleInv, IsFp8(a), "A", kGA}, {kGBScaleInv, IsFp8(b), "B", kGB}, {kGDScale, IsFp8(d), "D", kGD}};
+  for (const auto& sc : scales) {
+    const DLTensor* t = TensorAt(args, sc.index);
+    if (sc.needed && t == nullptr)
+      return ArgError(
+          op, sc.index,
+          fmt::format("is required ([G] or [1] fp32): {} is {}", sc.owner, Name(TensorAt(args, sc.owner_index))));
+    if (!sc.needed && t != nullptr)
+      return ArgError(op, sc.index,
+                      fmt::format("expected NULL: {} is {}, not FP8", sc.owner, Name(TensorAt(args, sc.owner_index))));
+    if (t != nullptr && (t->ndim != 1 || (t->shape[0] != g && t->shape[0] != 1)))
+      return ArgError(op, sc.index,
+                      fmt::format("expected shape [{}] (one scale per group) or [1], got {}", g, ShapeString(t)));
+  }
+  if (tefl_status* e = CheckGroupedOut(op, args, kGD, transa, g, rows, m, n,
+                                       transa ? "[G, M, N]: one D per group" : "[sum(m_splits), N]"))
+    return e;
+  if (at->accumulate && IsFp8(d))
+    return ArgError(op, kGD, fmt::format("accumulate needs a D of float32, float16 or bfloat16, got {}", Name(d)));
+  const bool dgelu = at->gelu && at->grad;
   if (TensorAt(args, kGBias) != nullptr) {
+    if (at->grad) return ArgError(op, kGBias, "expected NULL with grad (the bias gradient is the output 'bias_grad')");
     if (tefl_status* e = CheckShape2(op, args, kGBias, g, n, "[G, N]")) return e;
   }
-  return CheckShape2(op, args, kGD, a->shape[0], n, "[sum(m_splits), N]");
+  if (TensorAt(args, kGPreGelu) != nullptr) {
+    if (!at->gelu) return ArgError(op, kGPreGelu, "expected NULL without the 'gelu' attribute");
+    if (tefl_status* e = CheckGroupedOut(op, args, kGPreGelu, transa, g, rows, m, n, "like D")) return e;
+  } else if (dgelu) {
+    return ArgError(op, kGPreGelu,
+                    "is required with 'gelu' and 'grad' (TE's DGELU epilogue reads the forward's pre-GELU values, "
+                    "shaped like D), got NULL");
+  }
+  if (TensorAt(args, kGBiasGrad) != nullptr) {
+    if (!at->grad) return ArgError(op, kGBiasGrad, "expected NULL without the 'grad' attribute");
+    tefl_status* e = nullptr;
+    if (dgelu)
+      e = CheckShape2(op, args, kGBiasGrad, g, n, "[G, N]: column sums of each D_g (gelu with grad)");
+    else if (transa)
+      e = CheckShape2(op, args, kGBiasGrad, g, m, "[G, M]: per group, sum over k of op(A_g)");
+    else
+      e = CheckShape1(op, args, kGBiasGrad, rows, "[sum(m_splits)]: per row of D, sum over k of A");
+    if (e) return e;
+  }
+  if (TensorAt(args, kGDAmax) != nullptr) {
+    if (tefl_status* e = CheckShape1(op, args, kGDAmax, g, "[G]: one fp32 amax per group")) return e;
+  }
+  return nullptr;
 }
 
 constexpr uint32_t kGemmFlags = kOpNoAlias | kOpContiguous | kOpInPlace;
@@ -234,8 +341,8 @@ const OpSchema kSchemas[] = {
     {TEFL_OP_TE_GENERAL_GROUPED_GEMM,
      "te_general_grouped_gemm",
      "gemm",
-     "G independent GEMMs (MoE experts): rows of A split by m_splits, D_g = epilogue(alpha * A_g op(B_g) + beta * "
-     "D_g + bias_g)",
+     "G independent GEMMs (MoE experts): A split by m_splits (rows M, or K with transa), D_g = epilogue(alpha * "
+     "op(A_g) op(B_g) + beta * D_g + bias_g); per-group FP8 scale_inv, GELU/DGELU, grad (bias_grad)",
      kGroupedIn,
      kGroupedOut,
      kGemmAttrs,

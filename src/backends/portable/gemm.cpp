@@ -70,6 +70,27 @@ HWY_INLINE V Gelu(D d, V x) {
   return hn::Mul(x, hn::MulAdd(half, t, half));
 }
 
+// gelu_tanh'(x) (spec/ops.md): t = tanh(x (0.79788456 + 0.03567741 x^2));
+// 0.5 x (1 - t^2)(0.79788456 + 0.1070322243 x^2) + 0.5 (1 + t).
+HWY_INLINE V DGelu(D d, V x) {
+  const V half = hn::Set(d, 0.5f);
+  const V x2 = hn::Mul(x, x);
+  const V t = hn::Tanh(d, hn::Mul(x, hn::MulAdd(hn::Set(d, 0.03567741f), x2, hn::Set(d, 0.79788456f))));
+  const V slope = hn::MulAdd(hn::Set(d, 0.1070322243f), x2, hn::Set(d, 0.79788456f));
+  const V left = hn::Mul(hn::Mul(hn::Mul(half, x), hn::NegMulAdd(t, t, hn::Set(d, 1.0f))), slope);
+  return hn::MulAdd(half, t, hn::Add(left, half));
+}
+HWY_INLINE float DGeluScalar(float x) {
+  const float t = std::tanh(x * (0.79788456f + 0.03567741f * x * x));
+  return 0.5f * x * (1.0f - t * t) * (0.79788456f + 0.1070322243f * x * x) + 0.5f * (1.0f + t);
+}
+
+HWY_INLINE V LoadAny(D d, const void* base, DType t, size_t j) {
+  if (t == DType::kBF16) return LoadF(d, static_cast<const bfloat16_t*>(base) + j);
+  if (t == DType::kF16) return LoadF(d, static_cast<const float16_t*>(base) + j);
+  return hn::LoadU(d, static_cast<const float*>(base) + j);
+}
+
 HWY_INLINE void StoreAny(V v, D d, void* base, DType t, size_t j) {
   if (t == DType::kBF16) {
     StoreF(v, d, static_cast<bfloat16_t*>(base) + j);
@@ -82,9 +103,10 @@ HWY_INLINE void StoreAny(V v, D d, void* base, DType t, size_t j) {
 
 // One row of the epilogue, in one pass: v = row + bias; pre_gelu_out = v;
 // v = gelu(v); amax = max(amax, |v|) (NaN ignored); out = v rounded to td
-// (FP8 D: the row keeps v, converted by the caller).
-HWY_NOINLINE void EpilogueRow(float* HWY_RESTRICT row, size_t n, const float* HWY_RESTRICT bias, bool gelu, void* pre,
-                              DType tpre, float* amax, void* out, DType td) {
+// (FP8 D: the row keeps v, converted by the caller). dgelu (gelu with grad):
+// v = row * gelu'(pre), pre read, and the row keeps v (for bias_grad).
+HWY_NOINLINE void EpilogueRow(float* HWY_RESTRICT row, size_t n, const float* HWY_RESTRICT bias, bool gelu, bool dgelu,
+                              void* pre, DType tpre, float* amax, void* out, DType td) {
   const D d;
   const size_t lanes = hn::Lanes(d);
   const bool fp8 = td == DType::kE4M3 || td == DType::kE5M2;
@@ -93,7 +115,10 @@ HWY_NOINLINE void EpilogueRow(float* HWY_RESTRICT row, size_t n, const float* HW
   for (; j + lanes <= n; j += lanes) {
     V v = hn::LoadU(d, row + j);
     if (bias) v = hn::Add(v, hn::LoadU(d, bias + j));
-    if (gelu) {
+    if (dgelu) {
+      v = hn::Mul(v, DGelu(d, LoadAny(d, pre, tpre, j)));
+      if (!fp8) hn::StoreU(v, d, row + j);
+    } else if (gelu) {
       if (pre) StoreAny(v, d, pre, tpre, j);
       v = Gelu(d, v);
     }
@@ -107,7 +132,10 @@ HWY_NOINLINE void EpilogueRow(float* HWY_RESTRICT row, size_t n, const float* HW
   for (; j < n; ++j) {
     float v = row[j];
     if (bias) v += bias[j];
-    if (gelu) {
+    if (dgelu) {
+      v *= DGeluScalar(LoadAsFloat(pre, int64_t(j), tpre));
+      row[j] = v;
+    } else if (gelu) {
       if (pre) StoreFromFloat(pre, int64_t(j), tpre, v);
       v = v * (0.5f + 0.5f * std::tanh(v * (0.79788456f + 0.03567741f * v * v)));
     }
@@ -149,8 +177,10 @@ constexpr size_t kWorkspaceKeepBytes = size_t(256) << 20;
 struct Workspace {
   std::vector<float> a, b, bias, scratch;
   std::vector<uint32_t> packed;
+  std::vector<double> sums;  // bias_grad accumulators
   size_t Bytes() const {
-    return (a.capacity() + b.capacity() + bias.capacity() + scratch.capacity() + packed.capacity()) * 4;
+    return (a.capacity() + b.capacity() + bias.capacity() + scratch.capacity() + packed.capacity()) * 4 +
+           sums.capacity() * 8;
   }
 };
 Workspace& ThreadWorkspace() {
@@ -301,7 +331,31 @@ struct Bf16Job {
   uint16_t* out16;    // direct bf16 output [M, N] (then c is unused), or NULL
   const float* bias;  // [N] fp32 added before the bf16 rounding, or NULL
   int64_t m_blocks, n_panels, m_supers, n_groups;
+  std::atomic<bool> hit{false};  // packing saw a subnormal bf16 value
 };
+
+// Whether n bf16 values hold a subnormal (vdpbf16ps would read it as 0).
+// Only called where CpuHasBf16Dot() (so AVX512-BW) holds. A value is
+// subnormal iff its magnitude bits e = h & 0x7FFF satisfy 0 < e < 0x80, i.e.
+// (e - 1) < 0x7F unsigned; 32 values per compare, exits at the first 4 KiB
+// block with a hit.
+__attribute__((target("avx512f,avx512bw"))) bool AnySubnormalBf16(const void* p, int64_t n) {
+  const auto* h = static_cast<const uint16_t*>(p);
+  const __m512i mag = _mm512_set1_epi16(0x7FFF), one = _mm512_set1_epi16(1), lim = _mm512_set1_epi16(0x7F);
+  int64_t i = 0;
+  constexpr int64_t kBlock = 2048;  // values per early-exit check
+  for (; i + kBlock <= n; i += kBlock) {
+    __mmask32 any = 0;
+    for (int64_t j = i; j < i + kBlock; j += 32) {
+      const __m512i e = _mm512_and_si512(_mm512_loadu_si512(h + j), mag);
+      any |= _mm512_cmplt_epu16_mask(_mm512_sub_epi16(e, one), lim);
+    }
+    if (any) return true;
+  }
+  bool any = false;
+  for (; i < n; ++i) any |= IsSubnormalBf16(h[i]);
+  return any;
+}
 
 // Element (i, kk) of op(A) and (kk, j) of op(B) as bf16 bits; 0 outside.
 uint16_t ElemA(const Bf16Job& g, int64_t i, int64_t kk) {
@@ -313,18 +367,88 @@ uint16_t ElemB(const Bf16Job& g, int64_t kk, int64_t j) {
   return g.transb ? g.b[j * g.k + kk] : g.b[kk * g.n + j];
 }
 
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// Subnormal bf16 lanes of v (see AnySubnormalBf16).
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __mmask16 Subnormal16(__m256i v) {
+  const __m256i e = _mm256_and_si256(v, _mm256_set1_epi16(0x7FFF));
+  return _mm256_cmplt_epu16_mask(_mm256_sub_epi16(e, _mm256_set1_epi16(1)), _mm256_set1_epi16(0x7F));
+}
+__attribute__((target("avx512f,avx512bw"))) inline __mmask32 Subnormal32(__m512i v) {
+  const __m512i e = _mm512_and_si512(v, _mm512_set1_epi16(0x7FFF));
+  return _mm512_cmplt_epu16_mask(_mm512_sub_epi16(e, _mm512_set1_epi16(1)), _mm512_set1_epi16(0x7F));
+}
+
+// A full 8-row block of A (no transa), pairs [0, full_p): 8 rows x 8 pairs
+// at a time, an 8 x 8 transpose of 32-bit pairs (AVX2), 64 contiguous words
+// out; the loaded rows are checked for subnormals on the way. Returns the
+// first pair not packed.
+__attribute__((target("avx2,avx512f,avx512bw,avx512vl"))) int64_t PackABlock8(const uint16_t* a, int64_t k,
+                                                                              int64_t full_p, uint32_t* dst,
+                                                                              bool* hit) {
+  __mmask16 any = 0;
+  int64_t p = 0;
+  for (; p + 8 <= full_p; p += 8) {
+    __m256i r[8];
+    for (int i = 0; i < 8; ++i) {
+      r[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i * k + 2 * p));
+      any |= Subnormal16(r[i]);
+    }
+    const __m256i t0 = _mm256_unpacklo_epi32(r[0], r[1]), t1 = _mm256_unpackhi_epi32(r[0], r[1]);
+    const __m256i t2 = _mm256_unpacklo_epi32(r[2], r[3]), t3 = _mm256_unpackhi_epi32(r[2], r[3]);
+    const __m256i t4 = _mm256_unpacklo_epi32(r[4], r[5]), t5 = _mm256_unpackhi_epi32(r[4], r[5]);
+    const __m256i t6 = _mm256_unpacklo_epi32(r[6], r[7]), t7 = _mm256_unpackhi_epi32(r[6], r[7]);
+    const __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
+    const __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
+    const __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
+    const __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
+    auto* out = reinterpret_cast<__m256i*>(dst + p * kMR);
+    _mm256_storeu_si256(out + 0, _mm256_permute2x128_si256(u0, u4, 0x20));
+    _mm256_storeu_si256(out + 1, _mm256_permute2x128_si256(u1, u5, 0x20));
+    _mm256_storeu_si256(out + 2, _mm256_permute2x128_si256(u2, u6, 0x20));
+    _mm256_storeu_si256(out + 3, _mm256_permute2x128_si256(u3, u7, 0x20));
+    _mm256_storeu_si256(out + 4, _mm256_permute2x128_si256(u0, u4, 0x31));
+    _mm256_storeu_si256(out + 5, _mm256_permute2x128_si256(u1, u5, 0x31));
+    _mm256_storeu_si256(out + 6, _mm256_permute2x128_si256(u2, u6, 0x31));
+    _mm256_storeu_si256(out + 7, _mm256_permute2x128_si256(u3, u7, 0x31));
+  }
+  if (any) *hit = true;
+  return p;
+}
+
+// Two rows of B (no transb), 32 columns, interleaved into 32 pairs; the rows
+// are checked for subnormals.
+__attribute__((target("avx512f,avx512bw"))) inline __mmask32 PackBPair32(const uint16_t* r0, const uint16_t* r1,
+                                                                         uint32_t* dst) {
+  const __m512i x0 = _mm512_loadu_si512(r0), x1 = _mm512_loadu_si512(r1);
+  const __m512i lo = _mm512_unpacklo_epi16(x0, x1), hi = _mm512_unpackhi_epi16(x0, x1);
+  _mm512_storeu_si512(dst, _mm512_permutex2var_epi64(lo, _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), hi));
+  _mm512_storeu_si512(dst + 16, _mm512_permutex2var_epi64(lo, _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15), hi));
+  return Subnormal32(x0) | Subnormal32(x1);
+}
+#pragma GCC diagnostic pop
+
+// Packing checks what it packs for subnormals (g.hit): the vector paths on
+// the loaded rows, the others on the packed block while it is in cache. One
+// pass over A and B instead of a scan and a pack.
 void PackABody(void* ctx, int64_t begin, int64_t end) {
-  const auto& g = *static_cast<const Bf16Job*>(ctx);
+  auto& g = *static_cast<Bf16Job*>(ctx);
   const int64_t full_p = g.k / 2;  // pairs inside K
+  bool hit = false;
   for (int64_t blk = begin; blk < end; ++blk) {
     uint32_t* dst = g.ap + size_t(blk) * size_t(g.kp) * kMR;
     int64_t p0 = 0;
-    if ((blk + 1) * kMR <= g.m) {  // a full block: straight copies
+    bool checked = false;
+    if ((blk + 1) * kMR <= g.m) {  // a full block
       if (!g.transa) {
+        const uint16_t* a0 = g.a + blk * kMR * g.k;
+        const int64_t pv = PackABlock8(a0, g.k, full_p, dst, &hit);
         for (int r = 0; r < kMR; ++r) {
-          const uint16_t* row = g.a + (blk * kMR + r) * g.k;
-          for (int64_t p = 0; p < full_p; ++p) std::memcpy(&dst[p * kMR + r], row + 2 * p, 4);
+          const uint16_t* row = a0 + r * g.k;
+          for (int64_t p = pv; p < full_p; ++p) std::memcpy(&dst[p * kMR + r], row + 2 * p, 4);
+          if (pv < full_p) hit |= AnySubnormalBf16(row + 2 * pv, 2 * (full_p - pv));
         }
+        checked = g.kp == full_p;  // an odd K: the tail below is checked with the block
       } else {
         for (int64_t p = 0; p < full_p; ++p) {
           const uint16_t* r0 = g.a + 2 * p * g.m + blk * kMR;
@@ -338,22 +462,28 @@ void PackABody(void* ctx, int64_t begin, int64_t end) {
       for (int r = 0; r < kMR; ++r)
         dst[p * kMR + r] =
             uint32_t(ElemA(g, blk * kMR + r, 2 * p)) | (uint32_t(ElemA(g, blk * kMR + r, 2 * p + 1)) << 16);
+    if (!checked) hit |= AnySubnormalBf16(dst, g.kp * kMR * 2);
   }
+  if (hit) g.hit.store(true, std::memory_order_relaxed);
 }
 
 void PackBBody(void* ctx, int64_t begin, int64_t end) {
-  const auto& g = *static_cast<const Bf16Job*>(ctx);
+  auto& g = *static_cast<Bf16Job*>(ctx);
   const int64_t full_p = g.k / 2;
+  bool hit = false;
   for (int64_t pan = begin; pan < end; ++pan) {
     uint32_t* dst = g.bp + size_t(pan) * size_t(g.kp) * kNR;
     int64_t p0 = 0;
+    bool checked = false;
     if ((pan + 1) * kNR <= g.n) {  // a full panel
       if (!g.transb) {
+        __mmask32 any = 0;
         for (int64_t p = 0; p < full_p; ++p) {
           const uint16_t* r0 = g.b + 2 * p * g.n + pan * kNR;
-          const uint16_t* r1 = r0 + g.n;
-          for (int j = 0; j < kNR; ++j) dst[p * kNR + j] = uint32_t(r0[j]) | (uint32_t(r1[j]) << 16);
+          any |= PackBPair32(r0, r0 + g.n, dst + p * kNR);
         }
+        hit |= any != 0;
+        checked = g.kp == full_p;
       } else {
         for (int j = 0; j < kNR; ++j) {
           const uint16_t* col = g.b + (pan * kNR + j) * g.k;
@@ -366,7 +496,9 @@ void PackBBody(void* ctx, int64_t begin, int64_t end) {
       for (int j = 0; j < kNR; ++j)
         dst[p * kNR + j] =
             uint32_t(ElemB(g, 2 * p, pan * kNR + j)) | (uint32_t(ElemB(g, 2 * p + 1, pan * kNR + j)) << 16);
+    if (!checked) hit |= AnySubnormalBf16(dst, g.kp * kNR * 2);
   }
+  if (hit) g.hit.store(true, std::memory_order_relaxed);
 }
 
 // C[rows, cols] (ld ldc) = alpha * (A tile . B panel) + beta * C.
@@ -500,29 +632,6 @@ void Bf16DirectBody(void* ctx, int64_t begin, int64_t end) {
   }
 }
 
-// Whether n bf16 values hold a subnormal (vdpbf16ps would read it as 0).
-// Only called where CpuHasBf16Dot() (so AVX512-BW) holds. A value is
-// subnormal iff its magnitude bits e = h & 0x7FFF satisfy 0 < e < 0x80, i.e.
-// (e - 1) < 0x7F unsigned; 32 values per compare, exits at the first 4 KiB
-// block with a hit.
-__attribute__((target("avx512f,avx512bw"))) bool AnySubnormalBf16(const void* p, int64_t n) {
-  const auto* h = static_cast<const uint16_t*>(p);
-  const __m512i mag = _mm512_set1_epi16(0x7FFF), one = _mm512_set1_epi16(1), lim = _mm512_set1_epi16(0x7F);
-  int64_t i = 0;
-  constexpr int64_t kBlock = 2048;  // values per early-exit check
-  for (; i + kBlock <= n; i += kBlock) {
-    __mmask32 any = 0;
-    for (int64_t j = i; j < i + kBlock; j += 32) {
-      const __m512i e = _mm512_and_si512(_mm512_loadu_si512(h + j), mag);
-      any |= _mm512_cmplt_epu16_mask(_mm512_sub_epi16(e, one), lim);
-    }
-    if (any) return true;
-  }
-  bool any = false;
-  for (; i < n; ++i) any |= IsSubnormalBf16(h[i]);
-  return any;
-}
-
 // The scan of A and B over the host pool: chunks of kScanChunk values, a hit
 // in any chunk sets `hit` (later chunks then skip their work).
 constexpr int64_t kScanChunk = int64_t(1) << 18;
@@ -550,12 +659,10 @@ size_t Bf16PackedWords(int64_t m, int64_t n, int64_t k) {
   return size_t((m + kMR - 1) / kMR) * kp * kMR + size_t((n + kNR - 1) / kNR) * kp * kNR;
 }
 
-// c = alpha * op(A) op(B) + beta * c with bf16 A, B (no subnormals); packed
-// must have Bf16PackedWords(m, n, k) words of capacity (no allocation here).
-void Bf16Gemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
-              const void* b, float beta, float* c, std::vector<uint32_t>& packed, uint16_t* out16 = nullptr,
-              const float* bias = nullptr) {
-  Bf16Job g;
+// Shapes and panel pointers of an M x N x K bf16 job over `packed` (which
+// must have Bf16PackedWords(m, n, k) words: no allocation here).
+void Bf16Setup(Bf16Job& g, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* a, const void* b,
+               std::vector<uint32_t>& packed) {
   g.m = m;
   g.n = n;
   g.k = k;
@@ -564,21 +671,43 @@ void Bf16Gemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, 
   g.transb = tb;
   g.a = static_cast<const uint16_t*>(a);
   g.b = static_cast<const uint16_t*>(b);
-  g.alpha = alpha;
-  g.beta = beta;
-  g.c = c;
-  g.out16 = out16;
-  g.bias = bias;
   g.m_blocks = (m + kMR - 1) / kMR;
   g.n_panels = (n + kNR - 1) / kNR;
   g.m_supers = (m + kSuperRows - 1) / kSuperRows;
   g.n_groups = (g.n_panels + kGroupPanels - 1) / kGroupPanels;
   const size_t a_words = size_t(g.m_blocks) * size_t(g.kp) * kMR;
-  Grow(packed, a_words + size_t(g.n_panels) * size_t(g.kp) * kNR);
   g.ap = packed.data();
   g.bp = packed.data() + a_words;
+}
+
+// Packs op(A) and op(B) into `packed`; true when they hold a subnormal bf16
+// value (the packed panels are then unusable: vdpbf16ps reads it as 0).
+bool Bf16Pack(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* a, const void* b,
+              std::vector<uint32_t>& packed) {
+  Bf16Job g;
+  Bf16Setup(g, ta, tb, m, n, k, a, b, packed);
   f->host->parallel_for(g.m_blocks, 1, PackABody, &g);
   f->host->parallel_for(g.n_panels, 1, PackBBody, &g);
+  return g.hit.load();
+}
+
+// c = alpha * op(A) op(B) + beta * c with bf16 A, B (no subnormals); packed
+// must have Bf16PackedWords(m, n, k) words of capacity (no allocation here).
+// prepacked: Bf16Pack already filled `packed` for these operands.
+void Bf16Gemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
+              const void* b, float beta, float* c, std::vector<uint32_t>& packed, bool prepacked,
+              uint16_t* out16 = nullptr, const float* bias = nullptr) {
+  Bf16Job g;
+  Bf16Setup(g, ta, tb, m, n, k, a, b, packed);
+  g.alpha = alpha;
+  g.beta = beta;
+  g.c = c;
+  g.out16 = out16;
+  g.bias = bias;
+  if (!prepacked) {
+    f->host->parallel_for(g.m_blocks, 1, PackABody, &g);
+    f->host->parallel_for(g.n_panels, 1, PackBBody, &g);
+  }
   f->host->parallel_for(g.n_groups * g.m_supers, 1, out16 ? Bf16DirectBody : Bf16ComputeBody, &g);
 }
 
@@ -591,12 +720,15 @@ struct Gemm {
   const void* a16;  // bf16 A and B for the vdpbf16ps path, else NULL
   const void* b16;
   std::vector<uint32_t>* packed;  // the bf16 path's packed operands (capacity reserved)
+  bool prepacked;                 // Bf16Pack already filled *packed
   float alpha, beta;              // alpha with the FP8 scale_inv factors folded in
   const void* c;                  // Cterm source: C, or D's prior content (accumulate), or NULL
   DType tc;
   const float* bias;  // [N] fp32 or NULL
   bool gelu;
-  void* pre;  // pre_gelu_out or NULL
+  bool dgelu;        // gelu with grad: D = pre * gelu'(pre_gelu_out), pre_gelu_out read
+  double* col_sums;  // dgelu: [N] column sums of D (before FP8 scaling) or NULL
+  void* pre;         // pre_gelu_out or NULL
   DType tpre;
   void* d;
   DType td;
@@ -626,8 +758,8 @@ void EpilogueBody(void* ctx, int64_t begin, int64_t end) {
     float* row = e.acc + size_t(r) * n;
     float row_amax = 0.0f;
     HWY_DYNAMIC_DISPATCH(EpilogueRow)
-    (row, n, g.bias, g.gelu, g.pre ? static_cast<char*>(g.pre) + size_t(r) * n * ElemSize(g.tpre) : nullptr, g.tpre,
-     g.amax ? &row_amax : nullptr, static_cast<char*>(g.d) + size_t(r) * n * ElemSize(g.td), g.td);
+    (row, n, g.bias, g.gelu, g.dgelu, g.pre ? static_cast<char*>(g.pre) + size_t(r) * n * ElemSize(g.tpre) : nullptr,
+     g.tpre, g.amax ? &row_amax : nullptr, static_cast<char*>(g.d) + size_t(r) * n * ElemSize(g.td), g.td);
     amax = row_amax > amax ? row_amax : amax;
     if (fp8) FromF32(row, g.td, static_cast<char*>(g.d) + size_t(r) * n, int64_t(n), g.d_scale);
   }
@@ -638,14 +770,14 @@ void EpilogueBody(void* ctx, int64_t begin, int64_t end) {
 // Whether g takes the bf16 path straight into a bf16 D: no Cterm, no GELU,
 // no amax (bias is added in the tile).
 bool DirectBf16(const Gemm& g) {
-  return g.a16 != nullptr && g.td == DType::kBF16 && !(g.c != nullptr && g.beta != 0.0f) && !g.gelu &&
+  return g.a16 != nullptr && g.td == DType::kBF16 && !(g.c != nullptr && g.beta != 0.0f) && !g.gelu && !g.dgelu &&
          g.amax == nullptr && g.k > 0 && g.alpha != 0.0f;
 }
 
 void Run(const tefl_call_frame* f, const Gemm& g, std::vector<float>& scratch) {
   if (g.m == 0 || g.n == 0) return;
   if (DirectBf16(g)) {
-    Bf16Gemm(f, g.transa, g.transb, g.m, g.n, g.k, g.alpha, g.a16, g.b16, 0.0f, nullptr, *g.packed,
+    Bf16Gemm(f, g.transa, g.transb, g.m, g.n, g.k, g.alpha, g.a16, g.b16, 0.0f, nullptr, *g.packed, g.prepacked,
              static_cast<uint16_t*>(g.d), g.bias);
     return;
   }
@@ -665,14 +797,20 @@ void Run(const tefl_call_frame* f, const Gemm& g, std::vector<float>& scratch) {
   if (g.k == 0 || g.alpha == 0.0f) {  // no product: acc = beta * Cterm
     for (int64_t i = 0; i < mn; ++i) acc[i] = beta == 0.0f ? 0.0f : beta * acc[i];
   } else if (g.a16 != nullptr) {
-    Bf16Gemm(f, g.transa, g.transb, g.m, g.n, g.k, g.alpha, g.a16, g.b16, beta, acc, *g.packed);
+    Bf16Gemm(f, g.transa, g.transb, g.m, g.n, g.k, g.alpha, g.a16, g.b16, beta, acc, *g.packed, g.prepacked);
   } else {
     Sgemm(f, g.transa, g.transb, g.m, g.n, g.k, g.alpha, g.a, g.b, beta, acc);
   }
-  if (g.bias || g.gelu || g.amax || g.td != DType::kF32) {
+  if (g.bias || g.gelu || g.dgelu || g.amax || g.td != DType::kF32) {
     EpilogueCtx e{&g, acc};
     const int64_t grain = std::max<int64_t>(1, (int64_t(16) << 10) / g.n);
     f->host->parallel_for(g.m, grain, EpilogueBody, &e);
+  }
+  if (g.col_sums) {  // the rows keep D before rounding / FP8 scaling
+    for (int64_t r = 0; r < g.m; ++r) {
+      const float* row = acc + size_t(r) * size_t(g.n);
+      for (int64_t j = 0; j < g.n; ++j) g.col_sums[j] += double(row[j]);
+    }
   }
 }
 
@@ -680,9 +818,10 @@ void Run(const tefl_call_frame* f, const Gemm& g, std::vector<float>& scratch) {
 // no subnormal input (the scan costs one read of A and B). `groups`: B holds
 // that many [K, N] matrices, A has rows = m_total (grouped GEMM).
 bool UseBf16Path(const tefl_call_frame* f, DType ta, DType tb, int64_t m, int64_t n, int64_t k, const void* a,
-                 const void* b, int64_t groups = 1, int64_t a_rows = -1) {
+                 const void* b, int64_t groups = 1, int64_t a_rows = -1, bool scan = true) {
   if (ta != DType::kBF16 || tb != DType::kBF16 || !CpuHasBf16Dot()) return false;
   if (m * n * k < kBf16MinWork) return false;
+  if (!scan) return true;
   const int64_t rows = a_rows >= 0 ? a_rows : m;
   ScanCtx sc;
   sc.a = static_cast<const uint16_t*>(a);
@@ -694,91 +833,126 @@ bool UseBf16Path(const tefl_call_frame* f, DType ta, DType tb, int64_t m, int64_
   return !sc.hit.load();
 }
 
-// ---- generic_gemm ------------------------------------------------------------------
-// in: A B C bias a_scale_inv b_scale_inv d_scale; out: D pre_gelu_out bias_grad d_amax
-float ScalarOf(const DLTensor* t) { return t ? static_cast<const float*>(DataPtr(t))[0] : 1.0f; }
+// ---- one generic GEMM of raw operands: generic_gemm, or one group ------------------
+struct OneGemm {
+  int64_t m, n, k;
+  bool transa, transb;
+  const void* a;  // compact [M, K] ([K, M] with transa)
+  DType ta;
+  const void* b;  // compact [K, N] ([N, K] with transb)
+  DType tb;
+  float sa, sb;  // scale_inv of FP8 operands, else 1
+  float alpha, beta;
+  const void* c;  // Cterm: C, D's prior content (accumulate), or NULL
+  DType tc;
+  const void* bias;  // [N] or NULL
+  DType tbias;
+  bool gelu, grad;
+  void* pre;  // [M, N] or NULL: written with gelu, read with gelu and grad
+  DType tpre;
+  void* bias_grad;  // [M] ([N] with gelu and grad) or NULL
+  DType tbg;
+  void* d;  // [M, N]
+  DType td;
+  float d_scale;  // FP8 D, else 1
+  float* d_amax;  // one fp32 or NULL
+};
 
-tefl_status* GenericGemm(const tefl_call_frame* f, void*) {
-  try {
-    const auto* at = static_cast<const tefl_gemm_attrs*>(f->attrs);
-    const DLTensor* a = f->inputs[0];
-    const DLTensor* b = f->inputs[1];
-    const DLTensor* c = f->inputs[2];
-    const DLTensor* bias = f->inputs[3];
-    DLTensor* d = f->outputs[0];
-    DLTensor* pre = f->outputs[1];
-    DLTensor* bias_grad = f->outputs[2];
-    DLTensor* d_amax = f->outputs[3];
-    const DType ta = DTypeOf(a->dtype), tb = DTypeOf(b->dtype), td = DTypeOf(d->dtype);
-    if (!IsGemmType(ta) || !IsGemmType(tb) || !IsGemmType(td) || (c && !IsFloatType(DTypeOf(c->dtype))) ||
-        (bias && !IsFloatType(DTypeOf(bias->dtype))) || (pre && !IsFloatType(DTypeOf(pre->dtype))) ||
-        (bias_grad && !IsFloatType(DTypeOf(bias_grad->dtype))))
-      return Status(f, TEFL_UNSUPPORTED, "dtypes other than fp32/fp16/bf16/FP8");
-    const bool transa = at->transa != 0, transb = at->transb != 0;
-    const int64_t m = transa ? a->shape[1] : a->shape[0];
-    const int64_t k = transa ? a->shape[0] : a->shape[1];
-    const int64_t n = transb ? b->shape[0] : b->shape[1];
-
-    // Everything that can fail (allocation) happens before D is written.
-    Workspace& ws = ThreadWorkspace();
-    const WorkspaceTrim trim(ws);
-    std::vector<float>&abuf = ws.a, &bbuf = ws.b, &biasbuf = ws.bias, &scratch = ws.scratch;
-    std::vector<uint32_t>& packed = ws.packed;
-    const bool bf16_path = UseBf16Path(f, ta, tb, m, n, k, DataPtr(a), DataPtr(b));
-    if (bf16_path) Grow(packed, Bf16PackedWords(m, n, k));
-    const float* a32 = bf16_path ? nullptr : AsF32(f, DataPtr(a), ta, m * k, abuf);
-    const float* b32 = bf16_path ? nullptr : AsF32(f, DataPtr(b), tb, k * n, bbuf);
-    const float* bias32 = bias ? AsF32(f, DataPtr(bias), DTypeOf(bias->dtype), n, biasbuf) : nullptr;
-    std::vector<double> bgrad(bias_grad ? size_t(m) : 0);
-
-    const float sa = IsFp8(ta) ? ScalarOf(f->inputs[4]) : 1.0f;
-    const float sb = IsFp8(tb) ? ScalarOf(f->inputs[5]) : 1.0f;
-    std::atomic<uint32_t> amax{0};
-    Gemm g{};
-    g.m = m;
-    g.n = n;
-    g.k = k;
-    g.transa = transa;
-    g.transb = transb;
-    g.a = a32;
-    g.b = b32;
-    g.a16 = bf16_path ? DataPtr(a) : nullptr;
-    g.b16 = bf16_path ? DataPtr(b) : nullptr;
-    g.packed = &packed;
-    g.alpha = at->alpha * sa * sb;
-    g.beta = at->beta;
-    g.c = c ? DataPtr(c) : at->accumulate ? DataPtr(d) : nullptr;
-    g.tc = c ? DTypeOf(c->dtype) : td;
-    g.bias = bias32;
-    g.gelu = at->gelu != 0;
-    g.pre = pre ? DataPtr(pre) : nullptr;
-    g.tpre = pre ? DTypeOf(pre->dtype) : DType::kF32;
-    g.d = DataPtr(d);
-    g.td = td;
-    g.d_scale = IsFp8(td) ? ScalarOf(f->inputs[6]) : 1.0f;
-    g.amax = d_amax ? &amax : nullptr;
-    // alpha = 0 means "no product" to BLAS; keep it so when the scales are 0 too.
-    if (at->alpha == 0.0f) g.alpha = 0.0f;
-    if (td != DType::kF32 && !DirectBf16(g)) Grow(scratch, size_t(m * n));  // before anything is written
-    Run(f, g, scratch);
-
-    const void* araw = DataPtr(a);
-    if (bias_grad) {  // bias_grad[m] = sum_k op(A)[m, k], dequantized as TE (q * scale_inv in fp32)
-      if (transa) {   // A is [K, M]: column sums
-        for (int64_t kk = 0; kk < k; ++kk)
-          for (int64_t i = 0; i < m; ++i) bgrad[size_t(i)] += double(LoadAsFloat(araw, kk * m + i, ta) * sa);
-      } else {
-        for (int64_t i = 0; i < m; ++i) {
-          double s = 0.0;
-          for (int64_t kk = 0; kk < k; ++kk) s += double(LoadAsFloat(araw, i * k + kk, ta) * sa);
-          bgrad[size_t(i)] = s;
-        }
-      }
-      const DType tg = DTypeOf(bias_grad->dtype);
-      for (int64_t i = 0; i < m; ++i) StoreFromDouble(DataPtr(bias_grad), i, tg, bgrad[size_t(i)]);
+// Decided before anything is written. scan: the subnormal scan reads A and B
+// now (the grouped GEMM: every group is decided before the first writes);
+// otherwise (generic_gemm) the packing checks them (scan_in_pack) and a hit
+// falls back to the exact path in Execute, still before D is written.
+struct OnePlan {
+  bool bf16;
+  bool scan_in_pack;
+};
+OnePlan PlanOne(const tefl_call_frame* f, const OneGemm& o, bool scan) {
+  const bool bf16 = o.m > 0 && o.n > 0 && UseBf16Path(f, o.ta, o.tb, o.m, o.n, o.k, o.a, o.b, 1, -1, scan);
+  return OnePlan{bf16, bf16 && !scan};
+}
+bool OneDirect(const OneGemm& o, const OnePlan& p) {
+  return p.bf16 && o.td == DType::kBF16 && !(o.c != nullptr && o.beta != 0.0f) && !o.gelu && o.d_amax == nullptr &&
+         o.k > 0 && o.alpha != 0.0f;
+}
+// Every buffer Execute needs (allocation may throw; nothing is written yet).
+void Reserve(Workspace& ws, const OneGemm& o, const OnePlan& p) {
+  if (p.bf16) Grow(ws.packed, Bf16PackedWords(o.m, o.n, o.k));
+  if (!p.bf16 && o.ta != DType::kF32) Grow(ws.a, size_t(o.m * o.k));
+  if (!p.bf16 && o.tb != DType::kF32) Grow(ws.b, size_t(o.k * o.n));
+  if (o.bias && o.tbias != DType::kF32) Grow(ws.bias, size_t(o.n));
+  if (o.td != DType::kF32 && !OneDirect(o, p)) Grow(ws.scratch, size_t(o.m * o.n));
+  if (o.bias_grad) Grow(ws.sums, size_t(o.gelu ? o.n : o.m));
+}
+// Runs o with the buffers Reserve grew (no allocation, except the fallback
+// of a scan_in_pack plan, which happens before D is written).
+void Execute(const tefl_call_frame* f, const OneGemm& o, OnePlan p, Workspace& ws) {
+  const bool dgelu = o.gelu && o.grad;
+  bool prepacked = false;
+  if (p.bf16 && p.scan_in_pack) {
+    if (Bf16Pack(f, o.transa, o.transb, o.m, o.n, o.k, o.a, o.b, ws.packed)) {
+      p.bf16 = false;  // a subnormal: the exact sgemm path
+      Reserve(ws, o, p);
+    } else {
+      prepacked = true;
     }
-    if (d_amax) static_cast<float*>(DataPtr(d_amax))[0] = BitsFloat(amax.load());
-    return nullptr;
+  }
+  const float* a32 = p.bf16 ? nullptr : AsF32(f, o.a, o.ta, o.m * o.k, ws.a);
+  const float* b32 = p.bf16 ? nullptr : AsF32(f, o.b, o.tb, o.k * o.n, ws.b);
+  const float* bias32 = o.bias ? AsF32(f, o.bias, o.tbias, o.n, ws.bias) : nullptr;
+  double* sums = o.bias_grad ? ws.sums.data() : nullptr;
+  if (sums) std::fill_n(sums, size_t(dgelu ? o.n : o.m), 0.0);
+  std::atomic<uint32_t> amax{0};
+  Gemm g{};
+  g.m = o.m;
+  g.n = o.n;
+  g.k = o.k;
+  g.transa = o.transa;
+  g.transb = o.transb;
+  g.a = a32;
+  g.b = b32;
+  g.a16 = p.bf16 ? o.a : nullptr;
+  g.b16 = p.bf16 ? o.b : nullptr;
+  g.packed = &ws.packed;
+  g.prepacked = prepacked;
+  // alpha = 0 means "no product" to BLAS; keep it so when the scales are 0 too.
+  g.alpha = o.alpha == 0.0f ? 0.0f : o.alpha * o.sa * o.sb;
+  g.beta = o.beta;
+  g.c = o.c;
+  g.tc = o.tc;
+  g.bias = bias32;
+  g.gelu = o.gelu && !dgelu;
+  g.dgelu = dgelu;
+  g.col_sums = dgelu ? sums : nullptr;
+  g.pre = o.pre;
+  g.tpre = o.tpre;
+  g.d = o.d;
+  g.td = o.td;
+  g.d_scale = o.d_scale;
+  g.amax = o.d_amax ? &amax : nullptr;
+  Run(f, g, ws.scratch);
+  if (sums && !dgelu) {  // bias_grad[m] = sum_k op(A)[m, k], dequantized as TE (q * scale_inv in fp32)
+    if (o.transa) {      // A is [K, M]: column sums
+      for (int64_t kk = 0; kk < o.k; ++kk)
+        for (int64_t i = 0; i < o.m; ++i) sums[i] += double(LoadAsFloat(o.a, kk * o.m + i, o.ta) * o.sa);
+    } else {
+      for (int64_t i = 0; i < o.m; ++i) {
+        double acc = 0.0;
+        for (int64_t kk = 0; kk < o.k; ++kk) acc += double(LoadAsFloat(o.a, i * o.k + kk, o.ta) * o.sa);
+        sums[i] = acc;
+      }
+    }
+  }
+  if (sums) {
+    const int64_t len = dgelu ? o.n : o.m;
+    for (int64_t i = 0; i < len; ++i) StoreFromDouble(o.bias_grad, i, o.tbg, sums[i]);
+  }
+  if (o.d_amax) *o.d_amax = BitsFloat(amax.load());
+}
+
+template <class Fn>
+tefl_status* Guarded(const tefl_call_frame* f, Fn&& fn) {
+  try {
+    return fn();
   } catch (const std::bad_alloc&) {
     return Status(f, TEFL_INTERNAL, "out of memory");
   } catch (const std::exception& e) {
@@ -788,70 +962,158 @@ tefl_status* GenericGemm(const tefl_call_frame* f, void*) {
   }
 }
 
-// ---- te_general_grouped_gemm ---------------------------------------------------
-// in: A[S, K] B[G, K, N] or [G, N, K] m_splits[G] bias[G, N]; out: D[S, N]
-tefl_status* GroupedGemm(const tefl_call_frame* f, void*) {
-  try {
+bool AllGemmTypes(std::initializer_list<const DLTensor*> operands, std::initializer_list<const DLTensor*> floats) {
+  for (const DLTensor* t : operands)
+    if (!IsGemmType(DTypeOf(t->dtype))) return false;
+  for (const DLTensor* t : floats)
+    if (t && !IsFloatType(DTypeOf(t->dtype))) return false;
+  return true;
+}
+DType TypeOr(const DLTensor* t, DType fallback) { return t ? DTypeOf(t->dtype) : fallback; }
+void* PtrOr(const DLTensor* t) { return t ? DataPtr(t) : nullptr; }
+float ScalarOf(const DLTensor* t, int64_t i = 0) {
+  return t ? static_cast<const float*>(DataPtr(t))[t->shape[0] == 1 ? 0 : i] : 1.0f;
+}
+
+// ---- generic_gemm ------------------------------------------------------------------
+// in: A B C bias a_scale_inv b_scale_inv d_scale; out: D pre_gelu_out bias_grad d_amax
+tefl_status* GenericGemm(const tefl_call_frame* f, void*) {
+  return Guarded(f, [&]() -> tefl_status* {
     const auto* at = static_cast<const tefl_gemm_attrs*>(f->attrs);
     const DLTensor* a = f->inputs[0];
     const DLTensor* b = f->inputs[1];
-    const auto* splits = static_cast<const int64_t*>(DataPtr(f->inputs[2]));
+    const DLTensor* c = f->inputs[2];
     const DLTensor* bias = f->inputs[3];
     DLTensor* d = f->outputs[0];
-    const DType ta = DTypeOf(a->dtype), tb = DTypeOf(b->dtype), td = DTypeOf(d->dtype);
-    if (!IsFloatType(ta) || !IsFloatType(tb) || !IsFloatType(td) || (bias && !IsFloatType(DTypeOf(bias->dtype))))
-      return Status(f, TEFL_UNSUPPORTED, "dtypes other than fp32/fp16/bf16");
-    const int64_t groups = b->shape[0];
-    const int64_t rows = a->shape[0];
-    const int64_t k = a->shape[1];
-    const int64_t n = at->transb ? b->shape[1] : b->shape[2];
+    DLTensor* pre = f->outputs[1];
+    DLTensor* bias_grad = f->outputs[2];
+    DLTensor* d_amax = f->outputs[3];
+    if (!AllGemmTypes({a, b, d}, {c, bias, pre, bias_grad}))
+      return Status(f, TEFL_UNSUPPORTED, "dtypes other than fp32/fp16/bf16/FP8");
+    OneGemm o{};
+    o.transa = at->transa != 0;
+    o.transb = at->transb != 0;
+    o.m = o.transa ? a->shape[1] : a->shape[0];
+    o.k = o.transa ? a->shape[0] : a->shape[1];
+    o.n = o.transb ? b->shape[0] : b->shape[1];
+    o.a = DataPtr(a);
+    o.ta = DTypeOf(a->dtype);
+    o.b = DataPtr(b);
+    o.tb = DTypeOf(b->dtype);
+    o.sa = IsFp8(o.ta) ? ScalarOf(f->inputs[4]) : 1.0f;
+    o.sb = IsFp8(o.tb) ? ScalarOf(f->inputs[5]) : 1.0f;
+    o.alpha = at->alpha;
+    o.beta = at->beta;
+    o.d = DataPtr(d);
+    o.td = DTypeOf(d->dtype);
+    o.c = c ? DataPtr(c) : at->accumulate ? o.d : nullptr;
+    o.tc = c ? DTypeOf(c->dtype) : o.td;
+    o.bias = PtrOr(bias);
+    o.tbias = TypeOr(bias, DType::kF32);
+    o.gelu = at->gelu != 0;
+    o.grad = at->grad != 0;
+    o.pre = PtrOr(pre);
+    o.tpre = TypeOr(pre, DType::kF32);
+    o.bias_grad = PtrOr(bias_grad);
+    o.tbg = TypeOr(bias_grad, DType::kF32);
+    o.d_scale = IsFp8(o.td) ? ScalarOf(f->inputs[6]) : 1.0f;
+    o.d_amax = d_amax ? static_cast<float*>(DataPtr(d_amax)) : nullptr;
 
+    // Everything that can fail (allocation) happens before D is written.
     Workspace& ws = ThreadWorkspace();
     const WorkspaceTrim trim(ws);
-    std::vector<float>&abuf = ws.a, &bbuf = ws.b, &biasbuf = ws.bias, &scratch = ws.scratch;
-    std::vector<uint32_t>& packed = ws.packed;
-    int64_t max_m = 0;
-    for (int64_t grp = 0; grp < groups; ++grp) max_m = std::max(max_m, splits[grp]);
-    const bool bf16_path = UseBf16Path(f, ta, tb, max_m, n, k, DataPtr(a), DataPtr(b), groups, rows);
-    if (bf16_path) Grow(packed, Bf16PackedWords(max_m, n, k));
-    const float* a32 = bf16_path ? nullptr : AsF32(f, DataPtr(a), ta, rows * k, abuf);
-    const float* b32 = bf16_path ? nullptr : AsF32(f, DataPtr(b), tb, groups * k * n, bbuf);
-    const float* bias32 = bias ? AsF32(f, DataPtr(bias), DTypeOf(bias->dtype), groups * n, biasbuf) : nullptr;
-    if (td != DType::kF32) Grow(scratch, size_t(max_m * n));  // the largest group fits
+    const OnePlan plan = PlanOne(f, o, /*scan=*/false);
+    Reserve(ws, o, plan);
+    Execute(f, o, plan, ws);
+    return nullptr;
+  });
+}
 
-    const size_t ed = FloatElemSize(td);
+// ---- te_general_grouped_gemm ---------------------------------------------------
+// in: A B m_splits bias a_scale_inv b_scale_inv d_scale; out: D pre_gelu_out bias_grad d_amax.
+// Each group is one generic GEMM on views into the packed tensors (no copies):
+// no transa: A [S, K] and D [S, N] split by rows, B [G, K, N] / [G, N, K];
+// transa: A [S, M] and B [S, N] split by rows (each group's K), D [G, M, N].
+tefl_status* GroupedGemm(const tefl_call_frame* f, void*) {
+  return Guarded(f, [&]() -> tefl_status* {
+    const auto* at = static_cast<const tefl_gemm_attrs*>(f->attrs);
+    const DLTensor* a = f->inputs[0];
+    const DLTensor* b = f->inputs[1];
+    const DLTensor* s = f->inputs[2];
+    const DLTensor* bias = f->inputs[3];
+    DLTensor* d = f->outputs[0];
+    DLTensor* pre = f->outputs[1];
+    DLTensor* bias_grad = f->outputs[2];
+    DLTensor* d_amax = f->outputs[3];
+    if (!AllGemmTypes({a, b, d}, {bias, pre, bias_grad}))
+      return Status(f, TEFL_UNSUPPORTED, "dtypes other than fp32/fp16/bf16/FP8");
+    const auto* splits = static_cast<const int64_t*>(DataPtr(s));
+    const int64_t groups = s->shape[0];
+    const bool transa = at->transa != 0, transb = at->transb != 0;
+    const bool dgelu = at->gelu && at->grad;
+    const DType ta = DTypeOf(a->dtype), tb = DTypeOf(b->dtype), td = DTypeOf(d->dtype);
+    const int64_t cols_a = a->shape[1];
+    const int64_t n = transa ? b->shape[1] : transb ? b->shape[1] : b->shape[2];
+    auto at_elem = [](const void* base, DType t, int64_t i) -> const void* {
+      return base ? static_cast<const char*>(base) + size_t(i) * ElemSize(t) : nullptr;
+    };
+    auto at_mut = [](void* base, DType t, int64_t i) -> void* {
+      return base ? static_cast<char*>(base) + size_t(i) * ElemSize(t) : nullptr;
+    };
+    std::vector<OneGemm> jobs(static_cast<size_t>(groups));
     int64_t row = 0;
     for (int64_t grp = 0; grp < groups; ++grp) {
-      Gemm g{};
-      g.m = splits[grp];
-      g.n = n;
-      g.k = k;
-      g.transb = at->transb != 0;
-      g.a = a32 ? a32 + row * k : nullptr;
-      g.b = b32 ? b32 + grp * k * n : nullptr;
-      g.a16 = bf16_path ? static_cast<const uint16_t*>(DataPtr(a)) + row * k : nullptr;
-      g.b16 = bf16_path ? static_cast<const uint16_t*>(DataPtr(b)) + grp * k * n : nullptr;
-      g.packed = &packed;
-      g.alpha = at->alpha;
-      g.beta = at->beta;
-      g.d = static_cast<char*>(DataPtr(d)) + size_t(row * n) * ed;
-      g.td = td;
-      g.c = at->accumulate ? g.d : nullptr;
-      g.tc = td;
-      g.bias = bias32 ? bias32 + grp * n : nullptr;
-      g.gelu = at->gelu != 0;
-      g.d_scale = 1.0f;
-      Run(f, g, scratch);
-      row += g.m;
+      OneGemm& o = jobs[size_t(grp)];
+      o.transa = transa;
+      o.transb = transb;
+      o.n = n;
+      o.ta = ta;
+      o.tb = tb;
+      o.td = td;
+      o.tpre = TypeOr(pre, DType::kF32);
+      o.tbg = TypeOr(bias_grad, DType::kF32);
+      if (transa) {
+        o.m = cols_a;
+        o.k = splits[grp];
+        o.a = at_elem(DataPtr(a), ta, row * o.m);
+        o.b = at_elem(DataPtr(b), tb, row * n);
+        o.d = at_mut(DataPtr(d), td, grp * o.m * n);
+        o.pre = at_mut(PtrOr(pre), o.tpre, grp * o.m * n);
+        o.bias_grad = at_mut(PtrOr(bias_grad), o.tbg, grp * (dgelu ? n : o.m));
+      } else {
+        o.m = splits[grp];
+        o.k = cols_a;
+        o.a = at_elem(DataPtr(a), ta, row * o.k);
+        o.b = at_elem(DataPtr(b), tb, grp * o.k * n);
+        o.d = at_mut(DataPtr(d), td, row * n);
+        o.pre = at_mut(PtrOr(pre), o.tpre, row * n);
+        o.bias_grad = at_mut(PtrOr(bias_grad), o.tbg, dgelu ? grp * n : row);
+      }
+      o.sa = IsFp8(ta) ? ScalarOf(f->inputs[4], grp) : 1.0f;
+      o.sb = IsFp8(tb) ? ScalarOf(f->inputs[5], grp) : 1.0f;
+      o.d_scale = IsFp8(td) ? ScalarOf(f->inputs[6], grp) : 1.0f;
+      o.alpha = at->alpha;
+      o.beta = at->beta;
+      o.c = at->accumulate ? o.d : nullptr;
+      o.tc = td;
+      o.tbias = TypeOr(bias, DType::kF32);
+      o.bias = at_elem(PtrOr(bias), o.tbias, grp * n);
+      o.gelu = at->gelu != 0;
+      o.grad = at->grad != 0;
+      o.d_amax = d_amax ? static_cast<float*>(DataPtr(d_amax)) + grp : nullptr;
+      row += splits[grp];
     }
+    // Plan and reserve every group before the first one writes.
+    Workspace& ws = ThreadWorkspace();
+    const WorkspaceTrim trim(ws);
+    std::vector<OnePlan> plans(static_cast<size_t>(groups));
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      plans[i] = PlanOne(f, jobs[i], /*scan=*/true);
+      Reserve(ws, jobs[i], plans[i]);
+    }
+    for (size_t i = 0; i < jobs.size(); ++i) Execute(f, jobs[i], plans[i], ws);
     return nullptr;
-  } catch (const std::bad_alloc&) {
-    return Status(f, TEFL_INTERNAL, "out of memory");
-  } catch (const std::exception& e) {
-    return Status(f, TEFL_INTERNAL, e.what());
-  } catch (...) {
-    return Status(f, TEFL_INTERNAL, "unknown exception");
-  }
+  });
 }
 
 }  // namespace

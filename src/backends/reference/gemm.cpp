@@ -9,7 +9,10 @@
 // the fast implementations inherit from sgemm: alpha = 0 skips the product
 // and beta = 0 skips Cterm (NaN there does not propagate). FP8 D stores
 // fp8(D * d_scale); d_amax = max |D| before scaling (NaN ignored, as TE's
-// amax reduction). grad: bias_grad[m] = sum_k op(A)[m, k].
+// amax reduction). grad: bias_grad[m] = sum_k op(A)[m, k]. gelu with grad
+// (TE's DGELU epilogue): pre_gelu_out is an input P and
+//   D = pre * dgelu(P),   bias_grad[n] = sum_m D[m, n] (before FP8 scaling)
+// with dgelu the derivative of gelu_tanh (spec/ops.md, Activations).
 #include <cmath>
 #include <vector>
 
@@ -24,6 +27,10 @@ namespace {
 bool IsFp8(DType t) { return t == DType::kE4M3 || t == DType::kE5M2; }
 
 double GeluTanh(double x) { return x * (0.5 + 0.5 * std::tanh(x * (0.79788456 + 0.03567741 * x * x))); }
+double DGeluTanh(double x) {
+  const double t = std::tanh(0.79788456 * x * (1.0 + 0.044715 * x * x));
+  return 0.5 * x * (1.0 - t * t) * (0.79788456 + 0.1070322243 * x * x) + 0.5 * (1.0 + t);
+}
 
 // One GEMM of the row-major statement; every pointer-like member may be
 // absent (data NULL).
@@ -37,10 +44,11 @@ struct Gemm {
   bool accumulate;  // Cterm = D's prior content
   Matrix bias;      // [N] or none
   bool gelu;
-  Matrix pre_gelu;   // [M, N] or none
+  bool grad;
+  Matrix pre_gelu;   // [M, N] or none (an input with gelu and grad)
   Matrix d;          // [M, N]
   double d_scale;    // FP8 D: 1 otherwise
-  Matrix bias_grad;  // [M] or none
+  Matrix bias_grad;  // [M] ([N] with gelu and grad) or none
   double* amax;      // running max |D| or NULL
 
   // Dequantized elements (one fp32 rounding, as TE's dequantize).
@@ -55,6 +63,8 @@ struct Gemm {
 };
 
 void Run(const Gemm& g) {
+  const bool dgelu = g.gelu && g.grad;
+  std::vector<double> col_sums(dgelu && g.bias_grad.data ? size_t(g.n) : 0, 0.0);
   for (int64_t i = 0; i < g.m; ++i) {
     for (int64_t j = 0; j < g.n; ++j) {
       double pre = 0.0;
@@ -70,7 +80,10 @@ void Run(const Gemm& g) {
       }
       if (g.bias.data) pre += g.bias.at(j);
       double out = pre;
-      if (g.gelu) {
+      if (dgelu) {
+        out = pre * DGeluTanh(g.pre_gelu.at(e));
+        if (!col_sums.empty()) col_sums[size_t(j)] += out;
+      } else if (g.gelu) {
         if (g.pre_gelu.data) g.pre_gelu.set(e, pre);
         out = GeluTanh(pre);
       }
@@ -78,7 +91,9 @@ void Run(const Gemm& g) {
       g.d.set(e, IsFp8(g.d.dtype) ? double(float(out) * float(g.d_scale)) : out);
     }
   }
-  if (g.bias_grad.data) {
+  if (dgelu) {
+    for (int64_t j = 0; j < int64_t(col_sums.size()); ++j) g.bias_grad.set(j, col_sums[size_t(j)]);
+  } else if (g.bias_grad.data) {
     for (int64_t i = 0; i < g.m; ++i) {
       double s = 0.0;
       for (int64_t kk = 0; kk < g.k; ++kk) s += g.A(i, kk);
@@ -111,6 +126,7 @@ tefl_status* GenericGemm(const tefl_call_frame* f, void*) {
   g.accumulate = at->accumulate != 0;
   g.bias = ViewOrNone(f->inputs[3]);
   g.gelu = at->gelu != 0;
+  g.grad = at->grad != 0;
   g.pre_gelu = ViewOrNone(f->outputs[1]);
   g.d = View(f->outputs[0]);
   g.d_scale = IsFp8(g.d.dtype) ? Scalar(f->inputs[6]) : 1.0;
@@ -122,43 +138,73 @@ tefl_status* GenericGemm(const tefl_call_frame* f, void*) {
   return nullptr;
 }
 
-// in: A[S, K] B[G, K, N] or [G, N, K] m_splits[G] bias[G, N]; out: D[S, N]
+// A view `elems` elements further on (none stays none).
+Matrix At(const Matrix& x, int64_t elems) {
+  if (x.data == nullptr) return x;
+  const size_t es = IsFp8(x.dtype) ? 1 : FloatElemSize(x.dtype);
+  return Matrix{static_cast<char*>(x.data) + size_t(elems) * es, x.dtype};
+}
+// Element g of a per-group scale vector ([G] or [1]); 1 when absent.
+double GroupScalar(const DLTensor* t, int64_t g) {
+  if (t == nullptr) return 1.0;
+  return double(LoadAsFloat(DataPtr(t), t->shape[0] == 1 ? 0 : g, DType::kF32));
+}
+
+// in: A B m_splits bias a_scale_inv b_scale_inv d_scale; out: D pre_gelu_out bias_grad d_amax.
+// No transa: A [S, K] and D [S, N] split by rows, B [G, K, N] / [G, N, K].
+// transa: A [S, M] and B [S, N] split by rows (K of each group), D [G, M, N].
 tefl_status* GroupedGemm(const tefl_call_frame* f, void*) {
   const auto* at = static_cast<const tefl_gemm_attrs*>(f->attrs);
   const DLTensor* a = f->inputs[0];
   const DLTensor* b = f->inputs[1];
-  const auto* splits = static_cast<const int64_t*>(DataPtr(f->inputs[2]));
-  const DLTensor* bias = f->inputs[3];
-  DLTensor* d = f->outputs[0];
-  const int64_t groups = b->shape[0];
-  const int64_t k = a->shape[1];
-  const int64_t n = at->transb ? b->shape[1] : b->shape[2];
-  const DType ta = DTypeOf(a->dtype), tb = DTypeOf(b->dtype), td = DTypeOf(d->dtype);
-  const DType tbias = bias ? DTypeOf(bias->dtype) : DType::kF32;
-  const size_t ea = FloatElemSize(ta), eb = FloatElemSize(tb), ed = FloatElemSize(td), ebias = FloatElemSize(tbias);
-  int64_t row = 0;
+  const DLTensor* s = f->inputs[2];
+  const auto* splits = static_cast<const int64_t*>(DataPtr(s));
+  const int64_t groups = s->shape[0];
+  const bool transa = at->transa != 0, transb = at->transb != 0;
+  const bool dgelu = at->gelu && at->grad;
+  const Matrix va = View(a), vb = View(b), vbias = ViewOrNone(f->inputs[3]), vd = View(f->outputs[0]);
+  const Matrix vpre = ViewOrNone(f->outputs[1]), vgrad = ViewOrNone(f->outputs[2]);
+  const DLTensor* amax_t = f->outputs[3];
+  const int64_t cols_a = a->shape[1];
+  const int64_t n = transa ? b->shape[1] : transb ? b->shape[1] : b->shape[2];
+  int64_t row = 0;  // first row of the group in A (and D without transa)
   for (int64_t grp = 0; grp < groups; ++grp) {
     Gemm g{};
-    g.m = splits[grp];
+    g.transa = transa;
+    g.transb = transb;
     g.n = n;
-    g.k = k;
-    g.transb = at->transb != 0;
-    g.a = Matrix{static_cast<char*>(DataPtr(a)) + size_t(row * k) * ea, ta};
-    g.b = Matrix{static_cast<char*>(DataPtr(b)) + size_t(grp * k * n) * eb, tb};
-    g.a_scale = g.b_scale = g.d_scale = 1.0;
+    if (transa) {
+      g.m = cols_a;
+      g.k = splits[grp];
+      g.a = At(va, row * g.m);
+      g.b = At(vb, row * n);
+      g.d = At(vd, grp * g.m * n);
+      g.pre_gelu = At(vpre, grp * g.m * n);
+      g.bias_grad = At(vgrad, grp * (dgelu ? n : g.m));
+    } else {
+      g.m = splits[grp];
+      g.k = cols_a;
+      g.a = At(va, row * g.k);
+      g.b = At(vb, grp * g.k * n);
+      g.d = At(vd, row * n);
+      g.pre_gelu = At(vpre, row * n);
+      g.bias_grad = At(vgrad, dgelu ? grp * n : row);
+    }
+    g.a_scale = IsFp8(va.dtype) ? GroupScalar(f->inputs[4], grp) : 1.0;
+    g.b_scale = IsFp8(vb.dtype) ? GroupScalar(f->inputs[5], grp) : 1.0;
+    g.d_scale = IsFp8(vd.dtype) ? GroupScalar(f->inputs[6], grp) : 1.0;
     g.alpha = at->alpha;
     g.beta = at->beta;
     g.c = Matrix{nullptr, DType::kF32};
     g.accumulate = at->accumulate != 0;
-    g.bias = bias ? Matrix{static_cast<char*>(DataPtr(bias)) + size_t(grp * n) * ebias, tbias}
-                  : Matrix{nullptr, DType::kF32};
+    g.bias = At(vbias, grp * n);
     g.gelu = at->gelu != 0;
-    g.pre_gelu = Matrix{nullptr, DType::kF32};
-    g.d = Matrix{static_cast<char*>(DataPtr(d)) + size_t(row * n) * ed, td};
-    g.bias_grad = Matrix{nullptr, DType::kF32};
-    g.amax = nullptr;
+    g.grad = at->grad != 0;
+    double amax = 0.0;
+    g.amax = amax_t ? &amax : nullptr;
     Run(g);
-    row += g.m;
+    if (amax_t) View(amax_t).set(grp, amax);
+    row += splits[grp];
   }
   return nullptr;
 }
