@@ -812,6 +812,55 @@ TEST(GroupedGemm, ReferenceEqualsGenericPerGroup) {
   }
 }
 
+// te_general_grouped_gemm was first released as (A, B, m_splits, bias) -> (D);
+// arguments were appended since. A call in that first form still runs, on
+// every implementation and as a prepared call, with the later arguments
+// absent, and gives what the full form with them NULL gives. Other counts are
+// an error naming both forms.
+TEST(GroupedGemm, FirstReleasedFormStillRuns) {
+  const std::vector<int64_t> splits = {3, 0, 5};
+  Problem full = MakeGrouped({DType::kF32, DType::kF32, true, true, false, true, 1.0f, 1.0f}, splits, 6, 4);
+  for (size_t i = 4; i < full.in.size(); ++i) full.in[i].reset();
+  for (size_t i = 1; i < full.out.size(); ++i) full.out[i].reset();
+  for (const std::string& impl : CpuImplementations(kGrouped)) {
+    SCOPED_TRACE(impl);
+    Problem a = full, b = full;
+    std::vector<const DLTensor*> in = a.InPtrs();
+    std::vector<DLTensor*> out = a.OutPtrs();
+    in.resize(4);
+    out.resize(1);
+    const Status first = RunImplDL(kGrouped, impl, in, out, &a.attrs);
+    if (Declined(impl, kGrouped, first)) continue;
+    ASSERT_TRUE(first.ok()) << first.ToString();
+    ASSERT_TRUE(b.Run(impl).ok());
+    EXPECT_TRUE(a.out[kD]->SameBytes(*b.out[kD]));
+    EXPECT_NE(a.out[kD]->at(0), kSentinel);
+  }
+  // As a prepared call, run with the first form's four and one pointers.
+  Problem c = full;
+  std::vector<const DLTensor*> in = c.InPtrs();
+  std::vector<DLTensor*> out = c.OutPtrs();
+  in.resize(4);
+  out.resize(1);
+  tefl::OpManager m;
+  tefl::PreparedCall call;
+  ASSERT_TRUE(m.Prepare(TEFL_OP_TE_GENERAL_GROUPED_GEMM, in, out, &c.attrs, &call).ok());
+  Problem d = full;
+  std::vector<void*> in_data = {d.in[0]->bytes(), d.in[1]->bytes(), d.in[2]->bytes(), d.in[3]->bytes()};
+  std::vector<void*> out_data = {d.out[kD]->bytes()};
+  ASSERT_TRUE(call.Run(in_data, out_data).ok());
+  Problem e = full;
+  ASSERT_TRUE(e.Run(kReference).ok());
+  EXPECT_EQ(Compare(*d.out[kD], *e.out[kD], ToleranceFor(DType::kF32)).mismatches, 0);
+  // Neither form: the error names both.
+  in.resize(5);
+  const Status s = m.Call(TEFL_OP_TE_GENERAL_GROUPED_GEMM, in, out, &c.attrs);
+  EXPECT_EQ(s.code(), TEFL_INVALID_ARGUMENT);
+  EXPECT_NE(s.message().find("expected 7 inputs and 4 outputs (or 4 and 1, the op's first form), got 5 and 1"),
+            std::string::npos)
+      << s.message();
+}
+
 // ---- Bad input: a clear error naming op, argument and expectation; no output written
 struct Bad {
   const char* what;

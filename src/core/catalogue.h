@@ -77,6 +77,11 @@ struct OpSchema {
   // in place: its signature says so and it is never retried after an error.
   int8_t inplace_output = -1;  // output index, -1: none
   int8_t inplace_input = -1;   // input index
+  // The argument counts of the op's first release, when it has grown since
+  // (arguments are only ever appended, each new one optional): a call with
+  // those counts sees the later arguments as absent. -1: never grew.
+  int8_t first_inputs = -1;
+  int8_t first_outputs = -1;
 };
 
 constexpr int kMaxOpArgs = 15;

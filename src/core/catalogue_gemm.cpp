@@ -350,7 +350,12 @@ const OpSchema kSchemas[] = {
      &kGemmDefaults,
      kGemmFlags | kOpChecksData,
      CheckGrouped,
-     {}},
+     {},
+     /*inplace_output=*/-1,
+     /*inplace_input=*/-1,
+     // First released as (A, B, m_splits, bias) -> (D).
+     /*first_inputs=*/4,
+     /*first_outputs=*/1},
 };
 
 }  // namespace

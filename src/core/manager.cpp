@@ -396,7 +396,10 @@ Status OpManager::Call(int32_t op_id, std::span<const DLTensor* const> inputs, s
   tefl_status* error = nullptr;
   const void* attrs = NormalizeAttrs(*op, attrs_in, attr_buffer, &error);
   if (error) return Status::FromC(error);
-  const CallArgs args{inputs.data(), int32_t(inputs.size()), outputs.data(), int32_t(outputs.size()), attrs};
+  CallArgs args{inputs.data(), int32_t(inputs.size()), outputs.data(), int32_t(outputs.size()), attrs};
+  const DLTensor* padded_in[kMaxOpArgs];
+  DLTensor* padded_out[kMaxOpArgs];
+  PadToFullArity(*op, &args, padded_in, padded_out);
   ThreadState& ts = t_thread_state;
   DispatchCache* cache = ThreadCache(ts);
   SigKey key;
@@ -526,7 +529,10 @@ Resolution OpManager::Explain(int32_t op_id, std::span<const DLTensor* const> in
     res.error = Status::FromC(error).message();
     return res;
   }
-  const CallArgs args{inputs.data(), int32_t(inputs.size()), outputs.data(), int32_t(outputs.size()), attrs};
+  CallArgs args{inputs.data(), int32_t(inputs.size()), outputs.data(), int32_t(outputs.size()), attrs};
+  const DLTensor* padded_in[kMaxOpArgs];
+  DLTensor* padded_out[kMaxOpArgs];
+  PadToFullArity(*op, &args, padded_in, padded_out);
   SigKey key;
   if (tefl_status* e = ValidateCall(*op, args, &key)) {
     res.error = Status::FromC(e).message();
@@ -602,7 +608,10 @@ Status OpManager::Prepare(int32_t op_id, std::span<const DLTensor* const> inputs
   tefl_status* error = nullptr;
   const void* attrs = NormalizeAttrs(*op, attrs_in, attr_buffer, &error);
   if (error) return Status::FromC(error);
-  const CallArgs args{inputs.data(), int32_t(inputs.size()), outputs.data(), int32_t(outputs.size()), attrs};
+  CallArgs args{inputs.data(), int32_t(inputs.size()), outputs.data(), int32_t(outputs.size()), attrs};
+  const DLTensor* padded_in[kMaxOpArgs];
+  DLTensor* padded_out[kMaxOpArgs];
+  PadToFullArity(*op, &args, padded_in, padded_out);
   SigKey key;
   ByteRanges ranges;
   if (tefl_status* e = ValidateCall(*op, args, &key, &ranges)) return Status::FromC(e);
@@ -698,21 +707,32 @@ Status PreparedCall::Run(std::span<void* const> input_data, std::span<void* cons
   Rep& p = *rep_;
   const OpSchema& op = *p.op;
   const int nin = p.num_inputs, n = nin + p.num_outputs;
-  if (input_data.size() != size_t(nin) || output_data.size() != size_t(p.num_outputs)) {
+  // The op's full arity, or its first release's (later arguments absent).
+  const size_t gin = input_data.size(), gout = output_data.size();
+  const bool first_form = op.first_inputs >= 0 && gin == size_t(op.first_inputs) && gout == size_t(op.first_outputs);
+  if (!first_form && (gin != size_t(nin) || gout != size_t(p.num_outputs))) {
     return Status(TEFL_INVALID_ARGUMENT,
                   fmt::format("{}: PreparedCall::Run: expected {} input and {} output data pointers (as prepared), "
                               "got {} and {}",
-                              op.name, nin, p.num_outputs, input_data.size(), output_data.size()));
+                              op.name, nin, p.num_outputs, gin, gout));
   }
   uintptr_t lo[kMaxOpArgs], hi[kMaxOpArgs];
   uint64_t bad = 0;  // any NULL or misaligned data of a non-empty tensor
   uint64_t absent_given = 0;
-  for (int i = 0; i < nin; ++i) SetPreparedArg(p.args[i], input_data[size_t(i)], &bad, &absent_given, &lo[i], &hi[i]);
-  for (int i = nin; i < n; ++i)
-    SetPreparedArg(p.args[i], output_data[size_t(i - nin)], &bad, &absent_given, &lo[i], &hi[i]);
+  auto data_at = [&](int i) -> void* {
+    if (i < nin) return size_t(i) < gin ? input_data[size_t(i)] : nullptr;
+    return size_t(i - nin) < gout ? output_data[size_t(i - nin)] : nullptr;
+  };
+  if (!first_form) {
+    for (int i = 0; i < nin; ++i) SetPreparedArg(p.args[i], input_data[size_t(i)], &bad, &absent_given, &lo[i], &hi[i]);
+    for (int i = nin; i < n; ++i)
+      SetPreparedArg(p.args[i], output_data[size_t(i - nin)], &bad, &absent_given, &lo[i], &hi[i]);
+  } else {
+    for (int i = 0; i < n; ++i) SetPreparedArg(p.args[i], data_at(i), &bad, &absent_given, &lo[i], &hi[i]);
+  }
   if (absent_given != 0) {
     for (int i = 0; i < n; ++i) {
-      if (p.args[i].absent_mask != 0 && (i < nin ? input_data[size_t(i)] : output_data[size_t(i - nin)]) != nullptr) {
+      if (p.args[i].absent_mask != 0 && data_at(i) != nullptr) {
         return Status(TEFL_INVALID_ARGUMENT,
                       fmt::format("{}: argument '{}' was absent when the call was prepared; its data pointer must "
                                   "be NULL",

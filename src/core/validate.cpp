@@ -116,9 +116,13 @@ tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key,
   const int nin = int(op.inputs.size());
   const int nout = int(op.outputs.size());
   if (args.num_inputs != nin || args.num_outputs != nout) {
-    return tefl_status_new(TEFL_INVALID_ARGUMENT, fmt::format("{}: expected {} inputs and {} outputs, got {} and {}",
-                                                              op.name, nin, nout, args.num_inputs, args.num_outputs)
-                                                      .c_str());
+    const std::string first = op.first_inputs < 0 ? std::string()
+                                                  : fmt::format(" (or {} and {}, the op's first form)",
+                                                                int(op.first_inputs), int(op.first_outputs));
+    return tefl_status_new(TEFL_INVALID_ARGUMENT,
+                           fmt::format("{}: expected {} inputs and {} outputs{}, got {} and {}", op.name, nin, nout,
+                                       first, args.num_inputs, args.num_outputs)
+                               .c_str());
   }
   if ((nin > 0 && args.inputs == nullptr) || (nout > 0 && args.outputs == nullptr)) {
     return tefl_status_new(TEFL_INVALID_ARGUMENT, fmt::format("{}: the inputs/outputs array is NULL", op.name).c_str());

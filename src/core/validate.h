@@ -49,6 +49,22 @@ inline const void* NormalizeAttrs(const OpSchema& op, const void* attrs, void* b
   return NormalizeAttrsSlow(op, attrs, buffer, error);
 }
 
+// A call with the argument counts of an op's first release (OpSchema::
+// first_inputs/first_outputs): copies its arrays into in_buf/out_buf
+// (kMaxOpArgs each) with the arguments added since as NULL, and points *args
+// at them, so everything after sees the op's full arity. Other counts are left
+// for validation to judge.
+inline void PadToFullArity(const OpSchema& op, CallArgs* args, const DLTensor** in_buf, DLTensor** out_buf) {
+  if (op.first_inputs < 0 || args->num_inputs != op.first_inputs || args->num_outputs != op.first_outputs) return;
+  const int nin = int(op.inputs.size()), nout = int(op.outputs.size());
+  for (int i = 0; i < nin; ++i) in_buf[i] = i < args->num_inputs ? args->inputs[i] : nullptr;
+  for (int i = 0; i < nout; ++i) out_buf[i] = i < args->num_outputs ? args->outputs[i] : nullptr;
+  args->inputs = in_buf;
+  args->outputs = out_buf;
+  args->num_inputs = nin;
+  args->num_outputs = nout;
+}
+
 // Validates the call (arity, presence, dtypes, ranks, devices, NULL data,
 // alignment, contiguity, attribute ranges, shape relations, aliasing) and
 // fills *key. `ranges`, when given, receives each tensor's byte range
