@@ -78,9 +78,15 @@ HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> EncodeMagnitude(DF df, hn::Vec<DF> 
 
 // The low 7 bits of t (a magnitude code) with bit 7 = the sign bit of `bits`
 // (a float's bits): a clean code in 0..255.
+// (Highway's IfVecThenElse wants all-ones/all-zero lanes; this is a bitwise
+// select with a constant mask, one vpternlogd on AVX-512.)
+template <class V>
+HWY_INLINE V BitSelect(V mask, V yes, V no) {
+  return hn::Or(hn::And(mask, yes), hn::AndNot(mask, no));
+}
 template <class DU>
 HWY_INLINE hn::Vec<DU> WithSign(DU du, hn::Vec<DU> t, hn::Vec<DU> bits) {
-  return hn::IfVecThenElse(hn::Set(du, 0x7Fu), t, hn::ShiftRight<24>(bits));
+  return BitSelect(hn::Set(du, 0x7Fu), t, hn::ShiftRight<24>(bits));
 }
 
 // fp32 lanes -> codes (0..255) in 32-bit lanes: saturating (finite overflow
@@ -165,7 +171,7 @@ HWY_INLINE hn::Vec<DF> LoadFp8Unscaled(DF df, const uint8_t* HWY_RESTRICT p) {
     const M inf{hn::Eq(mag8, hn::Set(di8, 0x7C)).raw};
     const M nan{hn::Gt(mag8, hn::Set(di8, 0x7C)).raw};
     bits = hn::IfThenElse(inf, hn::Xor(bits, hn::Set(du, 0x0F800000u ^ 0x7F800000u)), bits);
-    bits = hn::IfThenElse(nan, hn::IfVecThenElse(hn::Set(du, 0x80000000u), bits, hn::Set(du, 0x7FC00000u)), bits);
+    bits = hn::IfThenElse(nan, BitSelect(hn::Set(du, 0x80000000u), bits, hn::Set(du, 0x7FC00000u)), bits);
   }
 #else
   const auto mag = hn::And(hn::PromoteTo(du, raw), hn::Set(du, 0x7Fu));
@@ -174,7 +180,7 @@ HWY_INLINE hn::Vec<DF> LoadFp8Unscaled(DF df, const uint8_t* HWY_RESTRICT p) {
   } else {
     bits = hn::IfThenElse(hn::Eq(mag, hn::Set(du, 0x7Cu)), hn::Xor(bits, hn::Set(du, 0x0F800000u ^ 0x7F800000u)), bits);
     bits = hn::IfThenElse(hn::RebindMask(du, hn::Gt(hn::BitCast(di, mag), hn::Set(di, 0x7C))),
-                          hn::IfVecThenElse(hn::Set(du, 0x80000000u), bits, hn::Set(du, 0x7FC00000u)), bits);
+                          BitSelect(hn::Set(du, 0x80000000u), bits, hn::Set(du, 0x7FC00000u)), bits);
   }
 #endif
   return hn::BitCast(df, bits);
