@@ -141,6 +141,17 @@ HWY_INLINE void StoreCodes4(DU du, hn::Vec<DU> c0, hn::Vec<DU> c1, hn::Vec<DU> c
 #endif
 }
 
+// Four fp32 vectors times scale encoded (EncodeFp8: NaN kept) into 4 * Lanes
+// codes at q, one 64-byte store on AVX-512 (streamed if kStream: q 64-byte
+// aligned).
+template <Fp8Format kF, bool kStream, class DF>
+HWY_INLINE void StoreFp8x4(DF df, hn::Vec<DF> z0, hn::Vec<DF> z1, hn::Vec<DF> z2, hn::Vec<DF> z3, hn::Vec<DF> vscale,
+                           uint8_t* HWY_RESTRICT q) {
+  const hn::RebindToUnsigned<DF> du;
+  StoreCodes4<kStream>(du, EncodeFp8<kF>(df, hn::Mul(z0, vscale)), EncodeFp8<kF>(df, hn::Mul(z1, vscale)),
+                       EncodeFp8<kF>(df, hn::Mul(z2, vscale)), EncodeFp8<kF>(df, hn::Mul(z3, vscale)), q);
+}
+
 // ---- Decode ------------------------------------------------------------------
 // Lanes(df) codes from p -> floats whose value times Fp8C::kDecodeScale is the
 // code's value (exactly: normal codes are tiny normal floats, subnormal codes
