@@ -243,7 +243,7 @@ TEST(Fp8Vector, Every256CodeTimesScaleInvIsBitExact) {
   }
 }
 
-// Calls large enough to stream their outputs (>= 32 MiB moved), with
+// Calls large enough to stream their outputs (fp32 sides, >= 32 MiB moved), with
 // misaligned outputs (the head before the first 64-byte boundary) and a NaN
 // in one block (the fast quantize path re-runs it): every element against the
 // scalar code.
