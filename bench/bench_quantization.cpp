@@ -3,7 +3,7 @@
 //   BM_Copy/<label>                   a parallel memcpy (the baseline of the lines after it)
 //   BM_Q/<op>/<dtypes>/<size>/<impl>  the op through OpManager on warm, preallocated
 //                                     outputs, pinned to one implementation (strict impl:ID)
-// Sizes: 16M elements (DRAM-bound) and 128K elements (fits in L2), fp32 and
+// Sizes: 64M elements (8192 x 8192: DRAM-bound, beyond L3) and 128K elements (fits in L2), fp32 and
 // bf16; fp8_transpose of a [4096, 4096] FP8 matrix; the fused rmsnorm_fwd_fp8
 // and swiglu_fp8 next to their base ops (bf16 in, bf16 out) at [8192, 4096].
 // Counters: bytes_per_second = (bytes read + bytes written) / time;
@@ -117,19 +117,20 @@ int main(int argc, char** argv) {
   tefl::GetDefaultManager().EnsureInitialized();
   g_cases->reserve(64);  // Register keeps references into it
   const Arg one{DType::kF32, {1}, 1.0f}, scale{DType::kF32, {1}, 64.0f};
-  for (int64_t n : {int64_t(1) << 24, int64_t(1) << 17}) {
-    const std::string size = n == (int64_t(1) << 24) ? "16M" : "128K";
+  for (int64_t n : {int64_t(1) << 26, int64_t(1) << 17}) {
+    const std::string size = n == (int64_t(1) << 26) ? "64M" : "128K";
     for (DType dt : {DType::kF32, DType::kBF16}) {
       tefl::bench::RegisterCopy(std::string(DName(dt)) + "_" + size, size_t(n) * tefl::bench::ElemBytes(dt));
       for (DType f : {DType::kE4M3, DType::kE5M2}) {
         const std::string l = std::string(DName(dt)) + "->" + DName(f) + "/" + size;
         Register({"quantize", l, {{dt, {n}, -1}, scale}, {{f, {n}, 0}, one, one}, nullptr});
       }
-      Register({"dequantize",
-                std::string("e4m3->") + DName(dt) + "/" + size,
-                {{DType::kE4M3, {n}, 1.5f}, one},
-                {{dt, {n}, 0}},
-                nullptr});
+      for (DType f : {DType::kE4M3, DType::kE5M2})
+        Register({"dequantize",
+                  std::string(DName(f)) + "->" + DName(dt) + "/" + size,
+                  {{f, {n}, 1.5f}, one},
+                  {{dt, {n}, 0}},
+                  nullptr});
       Register({"compute_amax", std::string(DName(dt)) + "/" + size, {{dt, {n}, -1}}, {one}, nullptr});
     }
   }

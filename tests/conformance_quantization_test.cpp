@@ -113,7 +113,9 @@ Tensor AllPatterns(DType t) {
 
 TEST(Fp8Vector, EveryBf16PatternQuantizesLikeTheScalarCode) {
   const Tensor x = AllPatterns(DType::kBF16);
-  for (float scale : {1.0f, 0.0625f, 3.7f}) CheckQuantizeExact(x, scale, "all bf16");
+  // Positive finite scales take the fast path (NaN spans re-run by the general
+  // one); negative, zero and infinite scales the general path.
+  for (float scale : {1.0f, 0.0625f, 3.7f, -3.7f, 0.0f, INFINITY}) CheckQuantizeExact(x, scale, "all bf16");
 }
 
 TEST(Fp8Vector, EveryFp16PatternQuantizesLikeTheScalarCode) {
@@ -196,6 +198,122 @@ TEST(Fp8Vector, Every256CodeDequantizesExactlyAndRoundTrips) {
             EXPECT_EQ(Code(q2, i), want) << "code " << int(c);
           }
         }
+      }
+    }
+  }
+}
+
+// Every code times scale_inv, bit for bit against Fp8ToFloat(code) *
+// scale_inv rounded to the output dtype: scales where the vector code folds
+// 2^(127 - bias) into scale_inv (0.37, -3, 2^7, 2^-100) and where it cannot
+// (2^8, 2^-120: fp32 subnormal results, 0, inf, NaN). NaN results: any NaN
+// (the payload of NaN * NaN is the hardware's choice), except with
+// scale_inv = 1, where it is Fp8DecodeTable's sign | 0x7FC00000.
+TEST(Fp8Vector, Every256CodeTimesScaleInvIsBitExact) {
+  for (DType fmt : kFormats) {
+    Tensor q(fmt, {256 * 3});
+    for (int i = 0; i < 256 * 3; ++i) static_cast<uint8_t*>(q.bytes())[i] = uint8_t(i % 256);
+    for (float sinv : {1.0f, 0.37f, -3.0f, 0x1p7f, 0x1p-100f, 0x1p8f, 0x1p-120f, 0.0f, INFINITY,
+                       std::numeric_limits<float>::quiet_NaN()}) {
+      for (DType xt : kFloats) {
+        for (const std::string& impl : Impls("dequantize")) {
+          SCOPED_TRACE(fmt::format("{} {} -> {} scale_inv {}", impl, Name(fmt), Name(xt), sinv));
+          Tensor qin = q, si = Scalar(sinv), x = Output(xt, {256 * 3});
+          const Status s = RunImpl("dequantize", impl, {&qin, &si}, {&x}, nullptr);
+          ASSERT_TRUE(s.ok()) << s.ToString();
+          int bad = 0;
+          for (int i = 0; i < 256 * 3; ++i) {
+            const float w = Fp8ToFloat(uint8_t(i % 256), FormatOf(fmt)) * sinv;
+            uint32_t got = 0, want = 0;
+            if (xt == DType::kF32) {
+              got = std::bit_cast<uint32_t>(F(x, i));
+              want = std::bit_cast<uint32_t>(w);
+            } else {
+              got = static_cast<const uint16_t*>(x.bytes())[i];
+              want = xt == DType::kBF16 ? tefl::FloatToBF16(w) : tefl::FloatToF16(w);
+            }
+            const bool nan_ok = std::isnan(w) && std::isnan(x.at(i)) && sinv != 1.0f;
+            if (got != want && !nan_ok && bad++ < 5)
+              ADD_FAILURE() << "code 0x" << std::hex << i % 256 << ": bits 0x" << got << ", want 0x" << want;
+          }
+          EXPECT_EQ(bad, 0);
+        }
+      }
+    }
+  }
+}
+
+// Calls large enough to stream their outputs (fp32 sides, >= 32 MiB moved), with
+// misaligned outputs (the head before the first 64-byte boundary) and a NaN
+// in one block (the fast quantize path re-runs it): every element against the
+// scalar code.
+TEST(Fp8Vector, LargeStreamedCallsMatchTheScalarCode) {
+  const int64_t n = 12 << 20;
+  std::mt19937 rng(99);
+  for (DType xt : {DType::kF32, DType::kBF16}) {
+    // Values over the whole FP8 range and beyond, subnormals, signed zeros.
+    Tensor xs(xt, {n + 1});
+    for (int64_t i = 0; i < n + 1; ++i) {
+      const uint32_t r = uint32_t(rng());
+      float v = std::ldexp(float(r % 4096) / 2048.0f, int((r >> 12) % 48) - 30);
+      if (r >> 31) v = -v;
+      if (i == 5000001) v = std::numeric_limits<float>::quiet_NaN();
+      if (i == 7) v = INFINITY;
+      xs.set(i, v);
+    }
+    for (DType fmt : kFormats) {
+      for (const std::string& impl : Impls("quantize")) {
+        if (impl == kReference) continue;  // the vector paths are the subject
+        SCOPED_TRACE(fmt::format("{} {} -> {}", impl, Name(xt), Name(fmt)));
+        // Views one element in: x from element 1, q from byte 3 of a larger buffer.
+        Tensor qbuf = Output(fmt, {n + 8}), sc = Scalar(3.0f), amax = Output(DType::kF32, {1}),
+               sinv = Output(DType::kF32, {1});
+        int64_t shape[1] = {n};
+        DLTensor xv = *xs.ptr(), qv = *qbuf.ptr();
+        xv.shape = shape;
+        qv.shape = shape;
+        xv.byte_offset += xt == DType::kF32 ? 4 : 2;
+        qv.byte_offset += 3;
+        const Status s = RunImplDL("quantize", impl, {&xv, sc.ptr()}, {&qv, amax.ptr(), sinv.ptr()}, nullptr);
+        ASSERT_TRUE(s.ok()) << s.ToString();
+        int64_t bad = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          const uint8_t want = FloatToFp8(float(xs.at(i + 1)) * 3.0f, FormatOf(fmt));
+          if (Code(qbuf, i + 3) != want && bad++ < 5)
+            ADD_FAILURE() << "x[" << i << "] = " << xs.at(i + 1) << ": code 0x" << std::hex << int(Code(qbuf, i + 3))
+                          << ", want 0x" << int(want);
+        }
+        EXPECT_EQ(bad, 0);
+        EXPECT_TRUE(std::isnan(F(amax, 0)));
+      }
+    }
+  }
+  // Dequantize: random codes into fp32 / bf16 outputs one element in.
+  std::vector<uint8_t> codes(static_cast<size_t>(n));
+  for (uint8_t& c : codes) c = uint8_t(rng());
+  for (DType fmt : kFormats) {
+    Tensor q(fmt, {n});
+    std::memcpy(q.bytes(), codes.data(), codes.size());
+    for (DType xt : {DType::kF32, DType::kBF16}) {
+      for (const std::string& impl : Impls("dequantize")) {
+        if (impl == kReference) continue;
+        SCOPED_TRACE(fmt::format("{} {} -> {}", impl, Name(fmt), Name(xt)));
+        Tensor xbuf = Output(xt, {n + 1}), si = Scalar(0.37f);
+        int64_t shape[1] = {n};
+        DLTensor xv = *xbuf.ptr();
+        xv.shape = shape;
+        xv.byte_offset += xt == DType::kF32 ? 4 : 2;
+        const Status s = RunImplDL("dequantize", impl, {q.ptr(), si.ptr()}, {&xv}, nullptr);
+        ASSERT_TRUE(s.ok()) << s.ToString();
+        int64_t bad = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          const float w = Fp8ToFloat(codes[size_t(i)], FormatOf(fmt)) * 0.37f;
+          const double got = xbuf.at(i + 1);
+          const double want = xt == DType::kF32 ? double(w) : double(tefl::BF16ToFloat(tefl::FloatToBF16(w)));
+          if (!(got == want || (std::isnan(got) && std::isnan(want))) && bad++ < 5)
+            ADD_FAILURE() << "q[" << i << "]: " << got << ", want " << want;
+        }
+        EXPECT_EQ(bad, 0);
       }
     }
   }

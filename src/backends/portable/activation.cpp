@@ -808,9 +808,10 @@ HWY_INLINE void ItemsOfKind(const Job& j, int64_t begin, int64_t end) {
 // ---- Gated FP8 outputs ----------------------------------------------------------
 // Rows [r0, r1): a and b loaded as fp32 straight from the input (any float
 // dtype), the gated product with the same functors as the non-FP8 op, |y|
-// into a max of |bits|, y * scale encoded by fp8_io-inl.h; the row tail
-// (< Lanes) goes through LoadPartial and the scalar encoder. One atomic amax
-// update per chunk.
+// into a max of |bits|, y * scale encoded by fp8_io-inl.h, four vectors per
+// 64-byte code store (non-temporal for outputs >= 32 MiB with aligned rows);
+// the row tail (< Lanes) goes through LoadPartial and the scalar encoder. One
+// atomic amax update per chunk.
 template <Fp8Format kF, class Fn, class T>
 HWY_NOINLINE void GatedFp8RowsT(const Fn& fn, const Job& j, int64_t r0, int64_t r1) {
   const D d;
@@ -824,14 +825,23 @@ HWY_NOINLINE void GatedFp8RowsT(const Fn& fn, const Job& j, int64_t r0, int64_t 
     const T* HWY_RESTRICT a = static_cast<const T*>(j.x) + size_t(r) * 2 * h;
     const T* HWY_RESTRICT b = a + h;
     uint8_t* HWY_RESTRICT q = static_cast<uint8_t*>(j.y) + size_t(r) * h;
-    size_t i = 0;
-    for (; i + 2 * nl <= h; i += 2 * nl) {
-      const V y0 = hn::Mul(fn.Act(LoadF(d, a + i)), fn.Gate(LoadF(d, b + i)));
-      const V y1 = hn::Mul(fn.Act(LoadF(d, a + i + nl)), fn.Gate(LoadF(d, b + i + nl)));
+    const auto yv = [&](size_t k) HWY_ATTR { return hn::Mul(fn.Act(LoadF(d, a + k)), fn.Gate(LoadF(d, b + k))); };
+    // Four vectors per 64-byte code store (streamed when j.stream).
+    const auto body4 = [&](auto stream) HWY_ATTR {
+      size_t k = 0;
+      for (; k + 4 * nl <= h; k += 4 * nl) {
+        const V y0 = yv(k), y1 = yv(k + nl), y2 = yv(k + 2 * nl), y3 = yv(k + 3 * nl);
+        m0 = hn::Max(m0, hn::Max(AbsBits(d, y0), AbsBits(d, y1)));
+        m1 = hn::Max(m1, hn::Max(AbsBits(d, y2), AbsBits(d, y3)));
+        StoreFp8x4<kF, decltype(stream)::value>(d, y0, y1, y2, y3, vs, q + k);
+      }
+      return k;
+    };
+    size_t i = j.stream ? body4(std::true_type()) : body4(std::false_type());
+    for (; i + nl <= h; i += nl) {
+      const V y0 = yv(i);
       m0 = hn::Max(m0, AbsBits(d, y0));
-      m1 = hn::Max(m1, AbsBits(d, y1));
       StoreFp8<kF>(d, hn::Mul(y0, vs), q + i);
-      StoreFp8<kF>(d, hn::Mul(y1, vs), q + i + nl);
     }
     for (; i < h; i += nl) {
       const size_t mm = std::min(nl, h - i);
@@ -1015,7 +1025,9 @@ tefl_status* Kernel(const tefl_call_frame* f, void*) {
 }
 
 void Fp8Body(void* ctx, int64_t begin, int64_t end) {
-  HWY_DYNAMIC_DISPATCH(GatedFp8Items)(*static_cast<const Job*>(ctx), begin, end);
+  const Job& j = *static_cast<const Job*>(ctx);
+  HWY_DYNAMIC_DISPATCH(GatedFp8Items)(j, begin, end);
+  if (j.stream) hwy::FlushStream();  // order this thread's streamed stores
 }
 
 // glu_fp8 ... clamped_swiglu_fp8: in (input[N.., 2H], scale) -> out
@@ -1047,6 +1059,8 @@ tefl_status* GatedFp8Kernel(const tefl_call_frame* f, void*) {
     j.fmt = j.ty == DType::kE4M3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2;
     j.scale = *static_cast<const float*>(DataPtr(f->inputs[1]));
     j.amax_bits = &amax_bits;
+    // Streamed FP8 rows: each must start 64-byte aligned.
+    j.stream = j.n >= kStreamMinBytes && j.h % 64 == 0 && reinterpret_cast<uintptr_t>(j.y) % 64 == 0;
     if (j.n > 0) {
       const int64_t grain = std::max<int64_t>(1, (int64_t(8) << 10) / std::max<int64_t>(1, j.h));
       f->host->parallel_for(j.rows, grain, Fp8Body, &j);

@@ -24,11 +24,16 @@
 #define TEFL_BACKENDS_PORTABLE_FP8_IO_INL_H_
 #endif
 
+#include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
+#include <algorithm>
 #include <bit>
+#include <cfloat>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "backends/portable/simd_io-inl.h"
 #include "core/fp8.h"
@@ -42,69 +47,160 @@ template <Fp8Format kF>
 struct Fp8C {
   static constexpr int kMbits = kF == Fp8Format::kE4M3 ? 3 : 2;
   static constexpr int kBias = kF == Fp8Format::kE4M3 ? 7 : 15;
-  static constexpr uint32_t kMaxCode = kF == Fp8Format::kE4M3 ? 0x7E : 0x7B;
   static constexpr int kShift = 23 - kMbits;
-  // 2^(1 - bias): the smallest normal; 2^(mbits + bias - 1): subnormal scale;
-  // 2^(1 - bias - mbits): the smallest subnormal.
-  static constexpr float kMinNormal = kF == Fp8Format::kE4M3 ? 0x1p-6f : 0x1p-14f;
-  static constexpr float kSubScale = kF == Fp8Format::kE4M3 ? 0x1p9f : 0x1p16f;
-  static constexpr float kSubUnit = kF == Fp8Format::kE4M3 ? 0x1p-9f : 0x1p-16f;
+  static constexpr float kMaxValue = kF == Fp8Format::kE4M3 ? 448.0f : 57344.0f;
+  // fp32 biased exponent of the smallest normal 2^(1 - bias).
+  static constexpr uint32_t kBmin = uint32_t(127 + 1 - kBias);
+  // Encode: the magic's bits are eb + (eb >> kShift) + kMagicK for eb = max(exponent bits, kBmin << 23).
+  static constexpr uint32_t kMagicK = (uint32_t(kShift) << 23) - (kBmin << kMbits);
+  // Decode: the magnitude bits shifted to the fp32 mantissa's top read as a float times 2^(127 - bias).
+  static constexpr float kDecodeScale = kF == Fp8Format::kE4M3 ? 0x1p120f : 0x1p112f;
+  static constexpr uint32_t kDecodeMask = 0x80000000u | (0x7Fu << kShift);
 };
 
-// fp32 lanes -> codes in the low byte of 32-bit lanes.
+// |y| saturated (af = min(|y|, max) as a non-negative float, not NaN) ->
+// bits whose low 7 bits are the FP8 magnitude code, rounded to nearest even.
+// One rounding path for normals and subnormals: with B = max(fp32 exponent
+// of af, that of the smallest normal), the magic c = 2^(B - 127 + 23 - mbits)
+// * (1 + ((B - Bmin) << mbits) * 2^-23) has an ulp equal to the FP8 spacing
+// in af's binade (normal or subnormal), so the float add af + c rounds af
+// there (ties to even: c's mantissa is even) and leaves
+// ((B - Bmin) << mbits) + round(af / ulp) = the code in the low mantissa
+// bits (a carry into the next binade gives the next exponent's code).
+template <Fp8Format kF, class DF>
+HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> EncodeMagnitude(DF df, hn::Vec<DF> af) {
+  using C = Fp8C<kF>;
+  const hn::RebindToUnsigned<DF> du;
+  const auto eb = hn::Max(hn::And(hn::BitCast(du, af), hn::Set(du, 0x7F800000u)), hn::Set(du, C::kBmin << 23));
+  const auto c = hn::Add(hn::Add(eb, hn::ShiftRight<C::kShift>(eb)), hn::Set(du, C::kMagicK));
+  return hn::BitCast(du, hn::Add(af, hn::BitCast(df, c)));
+}
+
+// The low 7 bits of t (a magnitude code) with bit 7 = the sign bit of `bits`
+// (a float's bits): a clean code in 0..255.
+// (Highway's IfVecThenElse wants all-ones/all-zero lanes; this is a bitwise
+// select with a constant mask, one vpternlogd on AVX-512.)
+template <class V>
+HWY_INLINE V BitSelect(V mask, V yes, V no) {
+  return hn::Or(hn::And(mask, yes), hn::AndNot(mask, no));
+}
+template <class DU>
+HWY_INLINE hn::Vec<DU> WithSign(DU du, hn::Vec<DU> t, hn::Vec<DU> bits) {
+  return BitSelect(hn::Set(du, 0x7Fu), t, hn::ShiftRight<24>(bits));
+}
+
+// fp32 lanes -> codes (0..255) in 32-bit lanes: saturating (finite overflow
+// and inf -> max), NaN -> 0x7F, the sign ORed back (-0 -> 0x80).
 template <Fp8Format kF, class DF>
 HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> EncodeFp8(DF df, hn::Vec<DF> v) {
   using C = Fp8C<kF>;
   const hn::RebindToUnsigned<DF> du;
-  const hn::RebindToSigned<DF> di;
   const auto bits = hn::BitCast(du, v);
-  const auto sign = hn::And(hn::ShiftRight<24>(bits), hn::Set(du, 0x80u));
-  const auto abs = hn::And(bits, hn::Set(du, 0x7FFFFFFFu));
-  const auto x = hn::BitCast(df, abs);
-  const auto lsb = hn::And(hn::ShiftRight<C::kShift>(abs), hn::Set(du, 1u));
-  const auto rounded = hn::ShiftRight<C::kShift>(hn::Add(abs, hn::Add(hn::Set(du, (1u << (C::kShift - 1)) - 1u), lsb)));
-  const auto normal = hn::Sub(rounded, hn::Set(du, uint32_t(127 - C::kBias) << C::kMbits));
-  // Below the normal range |x| * 2^(mbits + bias - 1) < 2^mbits is exact and adding 2^23 rounds it to an
-  // integer (ties to even) in the low mantissa bits: cheaper than NearestInt's overflow fix-up. Lanes of
-  // the normal range get garbage here and take `normal`.
-  const auto magic = hn::Set(df, 8388608.0f);  // 2^23
-  const auto sub = hn::Sub(hn::BitCast(du, hn::MulAdd(x, hn::Set(df, C::kSubScale), magic)), hn::BitCast(du, magic));
-  auto code = hn::IfThenElse(hn::RebindMask(du, hn::Lt(x, hn::Set(df, C::kMinNormal))), sub, normal);
-  code = hn::Min(code, hn::Set(du, C::kMaxCode));
-  // NaN: |bits| > inf's bits (as signed: both are below 2^31).
-  const auto is_nan = hn::RebindMask(du, hn::Gt(hn::BitCast(di, abs), hn::Set(di, 0x7F800000)));
-  code = hn::IfThenElse(is_nan, hn::Set(du, uint32_t(kFp8NaN)), code);
-  return hn::Or(code, sign);
+  // A NaN lane's magnitude is garbage (x86's min returns the second operand,
+  // max, for a NaN; other targets may keep the NaN) and gets all 7 bits set.
+  const auto af = hn::Min(hn::BitCast(df, hn::And(bits, hn::Set(du, 0x7FFFFFFFu))), hn::Set(df, C::kMaxValue));
+  auto t = EncodeMagnitude<kF>(df, af);
+  t = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), hn::Or(t, hn::Set(du, 0x7Fu)), t);
+  return WithSign(du, t, bits);
 }
 
-// Codes (0..255 in 32-bit lanes) -> fp32 lanes.
+// ---- Narrowing codes to bytes ------------------------------------------------
+#undef TEFL_FP8_AVX3
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+#define TEFL_FP8_AVX3 1
+#else
+#define TEFL_FP8_AVX3 0
+#endif
+
+// Four vectors of clean codes (0..255 in 32-bit lanes) -> 4 * Lanes bytes in
+// order at p. AVX-512: two packs and one dword permutation into one 64-byte
+// store (streamed if kStream: p then must be 64-byte aligned).
+template <bool kStream, class DU>
+HWY_INLINE void StoreCodes4(DU du, hn::Vec<DU> c0, hn::Vec<DU> c1, hn::Vec<DU> c2, hn::Vec<DU> c3,
+                            uint8_t* HWY_RESTRICT p) {
+#if TEFL_FP8_AVX3
+  (void)du;
+  const __m512i w01 = _mm512_packus_epi32(c0.raw, c1.raw);  // per 128-bit block: 4 of c0, 4 of c1 (u16)
+  const __m512i w23 = _mm512_packus_epi32(c2.raw, c3.raw);
+  const __m512i b = _mm512_packus_epi16(w01, w23);  // per block l: dword k = c_k[4l .. 4l + 3]
+  const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const __m512i out = _mm512_permutexvar_epi32(idx, b);
+  if constexpr (kStream) {
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(p), out);
+  } else {
+    _mm512_storeu_si512(p, out);
+  }
+#else
+  const hn::RebindToSigned<DU> di;
+  const hn::Rebind<uint8_t, DU> d8;
+  const size_t nl = hn::Lanes(du);
+  hn::StoreU(hn::DemoteTo(d8, hn::BitCast(di, c0)), d8, p);
+  hn::StoreU(hn::DemoteTo(d8, hn::BitCast(di, c1)), d8, p + nl);
+  hn::StoreU(hn::DemoteTo(d8, hn::BitCast(di, c2)), d8, p + 2 * nl);
+  hn::StoreU(hn::DemoteTo(d8, hn::BitCast(di, c3)), d8, p + 3 * nl);
+#endif
+}
+
+// Four fp32 vectors times scale encoded (EncodeFp8: NaN kept) into 4 * Lanes
+// codes at q, one 64-byte store on AVX-512 (streamed if kStream: q 64-byte
+// aligned).
+template <Fp8Format kF, bool kStream, class DF>
+HWY_INLINE void StoreFp8x4(DF df, hn::Vec<DF> z0, hn::Vec<DF> z1, hn::Vec<DF> z2, hn::Vec<DF> z3, hn::Vec<DF> vscale,
+                           uint8_t* HWY_RESTRICT q) {
+  const hn::RebindToUnsigned<DF> du;
+  StoreCodes4<kStream>(du, EncodeFp8<kF>(df, hn::Mul(z0, vscale)), EncodeFp8<kF>(df, hn::Mul(z1, vscale)),
+                       EncodeFp8<kF>(df, hn::Mul(z2, vscale)), EncodeFp8<kF>(df, hn::Mul(z3, vscale)), q);
+}
+
+// ---- Decode ------------------------------------------------------------------
+// Lanes(df) codes from p -> floats whose value times Fp8C::kDecodeScale is the
+// code's value (exactly: normal codes are tiny normal floats, subnormal codes
+// fp32 subnormals whose mantissa is the code's, so one exact multiply by
+// 2^(127 - bias) decodes both; assumes the default MXCSR, denormals not
+// treated as zero). NaN codes give sign | 0x7FC00000 and E5M2 inf gives inf,
+// which the multiply keeps: the values and NaN bits of Fp8DecodeTable.
 template <Fp8Format kF, class DF>
-HWY_INLINE hn::Vec<DF> DecodeFp8(DF df, hn::Vec<hn::RebindToUnsigned<DF>> code) {
+HWY_INLINE hn::Vec<DF> LoadFp8Unscaled(DF df, const uint8_t* HWY_RESTRICT p) {
   using C = Fp8C<kF>;
   const hn::RebindToUnsigned<DF> du;
   const hn::RebindToSigned<DF> di;
-  const auto abs = hn::And(code, hn::Set(du, 0x7Fu));
-  const auto sign = hn::ShiftLeft<24>(hn::And(code, hn::Set(du, 0x80u)));
-  const auto exp = hn::ShiftRight<C::kMbits>(abs);
-  const auto man = hn::And(abs, hn::Set(du, (1u << C::kMbits) - 1u));
-  const auto normal = hn::Add(hn::ShiftLeft<C::kShift>(abs), hn::Set(du, uint32_t(127 - C::kBias) << 23));
-  const auto sub = hn::BitCast(du, hn::Mul(hn::ConvertTo(df, hn::BitCast(di, man)), hn::Set(df, C::kSubUnit)));
-  auto r = hn::IfThenElse(hn::Eq(exp, hn::Zero(du)), sub, normal);
+  const hn::Rebind<uint8_t, DF> du8;
+  const hn::Rebind<int8_t, DF> di8;
+  const auto raw = hn::LoadU(du8, p);
+  // Sign-extended: shifting the byte to the mantissa's top leaves ones above
+  // it for negative codes, and the mask keeps only bit 31 of them.
+  auto bits = hn::And(hn::BitCast(du, hn::ShiftLeft<C::kShift>(hn::PromoteTo(di, hn::BitCast(di8, raw)))),
+                      hn::Set(du, C::kDecodeMask));
+#if TEFL_FP8_AVX3
+  // Special codes found on the 16 bytes: the byte mask is the dword mask.
+  const auto mag8 = hn::BitCast(di8, hn::And(raw, hn::Set(du8, 0x7F)));
+  using M = hn::Mask<decltype(du)>;
   if constexpr (kF == Fp8Format::kE4M3) {
-    r = hn::IfThenElse(hn::Eq(abs, hn::Set(du, 0x7Fu)), hn::Set(du, 0x7FC00000u), r);
+    const M nan{hn::Eq(mag8, hn::Set(di8, 0x7F)).raw};
+    bits = hn::IfThenElse(nan, hn::Xor(bits, hn::Set(du, 0x07F00000u ^ 0x7FC00000u)), bits);
   } else {
-    const auto special = hn::IfThenElse(hn::Eq(man, hn::Zero(du)), hn::Set(du, 0x7F800000u), hn::Set(du, 0x7FC00000u));
-    r = hn::IfThenElse(hn::Eq(exp, hn::Set(du, 31u)), special, r);
+    const M inf{hn::Eq(mag8, hn::Set(di8, 0x7C)).raw};
+    const M nan{hn::Gt(mag8, hn::Set(di8, 0x7C)).raw};
+    bits = hn::IfThenElse(inf, hn::Xor(bits, hn::Set(du, 0x0F800000u ^ 0x7F800000u)), bits);
+    bits = hn::IfThenElse(nan, BitSelect(hn::Set(du, 0x80000000u), bits, hn::Set(du, 0x7FC00000u)), bits);
   }
-  return hn::BitCast(df, hn::Or(r, sign));
+#else
+  const auto mag = hn::And(hn::PromoteTo(du, raw), hn::Set(du, 0x7Fu));
+  if constexpr (kF == Fp8Format::kE4M3) {
+    bits = hn::IfThenElse(hn::Eq(mag, hn::Set(du, 0x7Fu)), hn::Xor(bits, hn::Set(du, 0x07F00000u ^ 0x7FC00000u)), bits);
+  } else {
+    bits = hn::IfThenElse(hn::Eq(mag, hn::Set(du, 0x7Cu)), hn::Xor(bits, hn::Set(du, 0x0F800000u ^ 0x7F800000u)), bits);
+    bits = hn::IfThenElse(hn::RebindMask(du, hn::Gt(hn::BitCast(di, mag), hn::Set(di, 0x7C))),
+                          BitSelect(hn::Set(du, 0x80000000u), bits, hn::Set(du, 0x7FC00000u)), bits);
+  }
+#endif
+  return hn::BitCast(df, bits);
 }
 
-// Lanes(df) codes from p as fp32.
+// Lanes(df) codes from p as fp32 (exact).
 template <Fp8Format kF, class DF>
 HWY_INLINE hn::Vec<DF> LoadFp8(DF df, const uint8_t* HWY_RESTRICT p) {
-  const hn::RebindToUnsigned<DF> du;
-  const hn::Rebind<uint8_t, DF> d8;
-  return DecodeFp8<kF>(df, hn::PromoteTo(du, hn::LoadU(d8, p)));
+  return hn::Mul(LoadFp8Unscaled<kF>(df, p), hn::Set(df, Fp8C<kF>::kDecodeScale));
 }
 
 // Lanes(df) fp32 values encoded to p.
@@ -131,23 +227,36 @@ inline float AmaxBitsToFloat(uint32_t bits) {
 }
 
 // ---- spans ------------------------------------------------------------------------
-// q[i] = fp8(x[i] * scale) for i < n; returns max(amax_bits, max |bits(x)|).
+// Spans of at least this many elements may stream (non-temporal stores)
+// their output when the caller asks; the head up to the output's first
+// 64-byte boundary is stored normally.
+inline size_t HeadTo64(const void* p, size_t n) {
+  const size_t mis = size_t(reinterpret_cast<uintptr_t>(p) % 64);
+  return mis == 0 ? 0 : std::min(n, size_t(64) - mis);
+}
+
+// q[i] = fp8(x[i] * scale) for i < n, any scale; returns max(amax_bits, max |bits(x)|).
 template <Fp8Format kF, class T>
-HWY_INLINE uint32_t QuantizeSpan(const T* HWY_RESTRICT x, uint8_t* HWY_RESTRICT q, size_t n, float scale,
-                                 uint32_t amax_bits) {
+HWY_INLINE uint32_t QuantizeSpanGeneral(const T* HWY_RESTRICT x, uint8_t* HWY_RESTRICT q, size_t n, float scale,
+                                        uint32_t amax_bits) {
   const hn::ScalableTag<float> df;
   const hn::RebindToUnsigned<decltype(df)> du;
   const size_t nl = hn::Lanes(df);
   const auto vs = hn::Set(df, scale);
   auto m0 = hn::Set(du, amax_bits), m1 = hn::Zero(du);
   size_t i = 0;
-  for (; i + 2 * nl <= n; i += 2 * nl) {
-    const auto v0 = LoadF(df, x + i);
-    const auto v1 = LoadF(df, x + i + nl);
-    m0 = hn::Max(m0, AbsBits(df, v0));
-    m1 = hn::Max(m1, AbsBits(df, v1));
-    StoreFp8<kF>(df, hn::Mul(v0, vs), q + i);
-    StoreFp8<kF>(df, hn::Mul(v1, vs), q + i + nl);
+  for (; i + 4 * nl <= n; i += 4 * nl) {
+    const auto v0 = LoadF(df, x + i), v1 = LoadF(df, x + i + nl);
+    const auto v2 = LoadF(df, x + i + 2 * nl), v3 = LoadF(df, x + i + 3 * nl);
+    m0 = hn::Max(m0, hn::Max(AbsBits(df, v0), AbsBits(df, v1)));
+    m1 = hn::Max(m1, hn::Max(AbsBits(df, v2), AbsBits(df, v3)));
+    StoreCodes4<false>(du, EncodeFp8<kF>(df, hn::Mul(v0, vs)), EncodeFp8<kF>(df, hn::Mul(v1, vs)),
+                       EncodeFp8<kF>(df, hn::Mul(v2, vs)), EncodeFp8<kF>(df, hn::Mul(v3, vs)), q + i);
+  }
+  for (; i + nl <= n; i += nl) {
+    const auto v = LoadF(df, x + i);
+    m0 = hn::Max(m0, AbsBits(df, v));
+    StoreFp8<kF>(df, hn::Mul(v, vs), q + i);
   }
   uint32_t m = ReduceAmaxBits(du, hn::Max(m0, m1));
   for (; i < n; ++i) {
@@ -159,37 +268,201 @@ HWY_INLINE uint32_t QuantizeSpan(const T* HWY_RESTRICT x, uint8_t* HWY_RESTRICT 
   return m;
 }
 
-// x[i] = q[i] * scale_inv, rounded once to T.
-template <Fp8Format kF, class T>
-HWY_INLINE void DequantizeSpan(const uint8_t* HWY_RESTRICT q, T* HWY_RESTRICT x, size_t n, float scale_inv) {
+// As QuantizeSpanGeneral for 0 < scale < inf, without the NaN fix-up: then
+// x * scale has the sign of x and is NaN exactly where x is, so the amax
+// (|bits| > inf's) tells whether a NaN was seen and the caller re-runs the
+// span with the general path. Per vector: |x| (also the amax), times scale,
+// min(., max) saturates, EncodeMagnitude, the sign from x. kStream: the
+// 4-vector body uses non-temporal 64-byte stores (q + 0 must be 64-byte
+// aligned on AVX-512 targets).
+template <Fp8Format kF, bool kStream, class T>
+HWY_INLINE uint32_t QuantizeSpanFast(const T* HWY_RESTRICT x, uint8_t* HWY_RESTRICT q, size_t n, float scale,
+                                     uint32_t amax_bits) {
+  using C = Fp8C<kF>;
   const hn::ScalableTag<float> df;
+  const hn::RebindToUnsigned<decltype(df)> du;
   const size_t nl = hn::Lanes(df);
-  const auto vs = hn::Set(df, scale_inv);
+  const auto vs = hn::Set(df, scale);
+  const auto vmax = hn::Set(df, C::kMaxValue);
+  const auto kAbs = hn::Set(du, 0x7FFFFFFFu);
+  auto m0 = hn::Set(du, amax_bits), m1 = hn::Zero(du);
+  const auto code = [&](hn::Vec<decltype(du)> bits, hn::Vec<decltype(du)> ab) {
+    const auto af = hn::Min(hn::Mul(hn::BitCast(df, ab), vs), vmax);
+    return WithSign(du, EncodeMagnitude<kF>(df, af), bits);
+  };
   size_t i = 0;
-  for (; i + nl <= n; i += nl) StoreF(hn::Mul(LoadFp8<kF>(df, q + i), vs), df, x + i);
+  for (; i + 4 * nl <= n; i += 4 * nl) {
+    const auto b0 = hn::BitCast(du, LoadF(df, x + i)), b1 = hn::BitCast(du, LoadF(df, x + i + nl));
+    const auto b2 = hn::BitCast(du, LoadF(df, x + i + 2 * nl)), b3 = hn::BitCast(du, LoadF(df, x + i + 3 * nl));
+    const auto a0 = hn::And(b0, kAbs), a1 = hn::And(b1, kAbs), a2 = hn::And(b2, kAbs), a3 = hn::And(b3, kAbs);
+    m0 = hn::Max(m0, hn::Max(a0, a1));
+    m1 = hn::Max(m1, hn::Max(a2, a3));
+    StoreCodes4<kStream>(du, code(b0, a0), code(b1, a1), code(b2, a2), code(b3, a3), q + i);
+  }
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::Rebind<uint8_t, decltype(df)> d8;
+  for (; i + nl <= n; i += nl) {
+    const auto b = hn::BitCast(du, LoadF(df, x + i));
+    const auto a = hn::And(b, kAbs);
+    m0 = hn::Max(m0, a);
+    hn::StoreU(hn::DemoteTo(d8, hn::BitCast(di, code(b, a))), d8, q + i);
+  }
+  uint32_t m = ReduceAmaxBits(du, hn::Max(m0, m1));
+  for (; i < n; ++i) {
+    const float v = ScalarLoad(x + i);
+    const uint32_t a = ScalarAbsBits(v);
+    m = a > m ? a : m;
+    q[i] = FloatToFp8(v * scale, kF);
+  }
+  return m;
+}
+
+// q[i] = fp8(x[i] * scale) for i < n; returns max(amax_bits, max |bits(x)|).
+// stream: store q with non-temporal stores (for outputs far beyond the
+// caches; ends with a store fence).
+template <Fp8Format kF, class T>
+HWY_INLINE uint32_t QuantizeSpan(const T* HWY_RESTRICT x, uint8_t* HWY_RESTRICT q, size_t n, float scale,
+                                 uint32_t amax_bits, bool stream = false) {
+  if (!(scale > 0.0f && scale <= FLT_MAX)) return QuantizeSpanGeneral<kF>(x, q, n, scale, amax_bits);
+  uint32_t m;
+  if (TEFL_FP8_AVX3 && stream) {
+    const size_t head = HeadTo64(q, n);
+    m = QuantizeSpanFast<kF, false>(x, q, head, scale, amax_bits);
+    m = QuantizeSpanFast<kF, true>(x + head, q + head, n - head, scale, m);
+    hwy::FlushStream();
+  } else {
+    m = QuantizeSpanFast<kF, false>(x, q, n, scale, amax_bits);
+  }
+  if (m > 0x7F800000u) return QuantizeSpanGeneral<kF>(x, q, n, scale, amax_bits);  // a NaN: redo
+  return m;
+}
+
+#if HWY_TARGET != HWY_SCALAR
+// bf16 bits of two fp32 vectors, rounded to nearest even, for values whose
+// NaNs (if any) carry no payload below bit 22 (sign | 0x7FC00000: decoded FP8
+// NaNs, the default NaN): then the rounding bias cannot reach the exponent and
+// no NaN fix-up is needed.
+template <class DF>
+HWY_INLINE hn::Vec<hn::Repartition<uint16_t, DF>> Bf16BitsNoPayload2(DF df, hn::Vec<DF> v0, hn::Vec<DF> v1) {
+  const hn::RebindToUnsigned<DF> du;
+  const hn::Repartition<uint16_t, DF> du16;
+  const auto round = [&](hn::Vec<DF> v) {
+    const auto bits = hn::BitCast(du, v);
+    const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
+    return hn::BitCast(du16, hn::Add(bits, hn::Add(hn::Set(du, 0x7FFFu), lsb)));
+  };
+  return hn::ConcatOdd(du16, round(v1), round(v0));
+}
+
+#endif
+
+// x[i] = q[i] * scale_inv (the exact decoded value times scale_inv, rounded to
+// fp32, then once more to T), for i in [i, n) from `i`; kStream: x + i must be
+// 64-byte aligned on entry. Returns the first index not done (< one vector
+// pair from n).
+template <Fp8Format kF, bool kStream, class T, class DF>
+HWY_INLINE size_t DequantizeBody(DF df, const uint8_t* HWY_RESTRICT q, T* HWY_RESTRICT x, size_t i, size_t n,
+                                 hn::Vec<DF> c1, hn::Vec<DF> c2, bool two_muls, bool s_nan) {
+  const size_t nl = hn::Lanes(df);
+  const auto load = [&](size_t k) {
+    const auto u = LoadFp8Unscaled<kF>(df, q + k);
+    return two_muls ? hn::Mul(hn::Mul(u, c1), c2) : hn::Mul(u, c1);
+  };
+  if constexpr (std::is_same_v<T, bfloat16_t>) {
+#if HWY_TARGET != HWY_SCALAR
+    const hn::Repartition<uint16_t, DF> du16;
+    auto* HWY_RESTRICT p = reinterpret_cast<uint16_t*>(x);
+    for (; i + 2 * nl <= n; i += 2 * nl) {
+      const auto v0 = load(i), v1 = load(i + nl);
+      const auto b = s_nan ? RoundToBF16Bits2(v0, v1, df) : Bf16BitsNoPayload2(df, v0, v1);
+      if constexpr (kStream) {
+        hn::Stream(b, du16, p + i);
+      } else {
+        hn::StoreU(b, du16, p + i);
+      }
+    }
+#endif
+    for (; i + nl <= n; i += nl) StoreF(load(i), df, x + i);
+  } else {
+    for (; i + nl <= n; i += nl) {
+      if constexpr (kStream) {
+        StreamF(load(i), df, x + i);
+      } else {
+        StoreF(load(i), df, x + i);
+      }
+    }
+  }
+  return i;
+}
+
+// x[i] = q[i] * scale_inv, for i < n: Fp8ToFloat(q[i]) * scale_inv rounded
+// to fp32, then to T. stream: non-temporal stores for x (ends with a fence).
+template <Fp8Format kF, class T>
+HWY_INLINE void DequantizeSpan(const uint8_t* HWY_RESTRICT q, T* HWY_RESTRICT x, size_t n, float scale_inv,
+                               bool stream = false) {
+  using C = Fp8C<kF>;
+  const hn::ScalableTag<float> df;
+  // One multiply by 2^(127 - bias) * scale_inv when that product is exact and
+  // normal (then it rounds the exact value once, like the two multiplies).
+  const float as = std::fabs(scale_inv);
+  const bool two_muls = !(as >= 0x1p-100f && as <= 0x1p7f);
+  const auto c1 = hn::Set(df, two_muls ? C::kDecodeScale : C::kDecodeScale * scale_inv);
+  const auto c2 = hn::Set(df, scale_inv);
+  const bool s_nan = std::isnan(scale_inv);
+  size_t i = 0;
+  if (stream) {
+    const size_t head = std::min(n, HeadTo64(x, n * sizeof(T)) / sizeof(T));
+    for (; i < head; ++i) ScalarStore(Fp8ToFloat(q[i], kF) * scale_inv, x + i);
+    if (reinterpret_cast<uintptr_t>(x + i) % 64 == 0)
+      i = DequantizeBody<kF, true>(df, q, x, i, n, c1, c2, two_muls, s_nan);
+  }
+  i = DequantizeBody<kF, false>(df, q, x, i, n, c1, c2, two_muls, s_nan);
   for (; i < n; ++i) ScalarStore(Fp8ToFloat(q[i], kF) * scale_inv, x + i);
+  if (stream) hwy::FlushStream();
 }
 
 // max(amax_bits, max |bits(x)|).
 template <class T>
 HWY_INLINE uint32_t AmaxSpan(const T* HWY_RESTRICT x, size_t n, uint32_t amax_bits) {
-  const hn::ScalableTag<float> df;
-  const hn::RebindToUnsigned<decltype(df)> du;
-  const size_t nl = hn::Lanes(df);
-  auto m0 = hn::Set(du, amax_bits), m1 = hn::Zero(du), m2 = hn::Zero(du), m3 = hn::Zero(du);
-  size_t i = 0;
-  for (; i + 4 * nl <= n; i += 4 * nl) {
-    m0 = hn::Max(m0, AbsBits(df, LoadF(df, x + i)));
-    m1 = hn::Max(m1, AbsBits(df, LoadF(df, x + i + nl)));
-    m2 = hn::Max(m2, AbsBits(df, LoadF(df, x + i + 2 * nl)));
-    m3 = hn::Max(m3, AbsBits(df, LoadF(df, x + i + 3 * nl)));
+  if constexpr (std::is_same_v<T, float>) {
+    const hn::ScalableTag<float> df;
+    const hn::RebindToUnsigned<decltype(df)> du;
+    const size_t nl = hn::Lanes(df);
+    auto m0 = hn::Set(du, amax_bits), m1 = hn::Zero(du), m2 = hn::Zero(du), m3 = hn::Zero(du);
+    size_t i = 0;
+    for (; i + 4 * nl <= n; i += 4 * nl) {
+      m0 = hn::Max(m0, AbsBits(df, LoadF(df, x + i)));
+      m1 = hn::Max(m1, AbsBits(df, LoadF(df, x + i + nl)));
+      m2 = hn::Max(m2, AbsBits(df, LoadF(df, x + i + 2 * nl)));
+      m3 = hn::Max(m3, AbsBits(df, LoadF(df, x + i + 3 * nl)));
+    }
+    uint32_t m = ReduceAmaxBits(du, hn::Max(hn::Max(m0, m1), hn::Max(m2, m3)));
+    for (; i < n; ++i) {
+      const uint32_t a = ScalarAbsBits(x[i]);
+      m = a > m ? a : m;
+    }
+    return m;
+  } else {
+    // bf16 / fp16: |bits| as 16-bit integers sort like the values (NaN above
+    // inf), so the max runs on the raw 16-bit lanes, converted once at the end.
+    const hn::ScalableTag<uint16_t> d16;
+    const size_t nl = hn::Lanes(d16);
+    const auto* HWY_RESTRICT p = reinterpret_cast<const uint16_t*>(x);
+    const auto kAbs = hn::Set(d16, uint16_t(0x7FFF));
+    auto m0 = hn::Zero(d16), m1 = hn::Zero(d16), m2 = hn::Zero(d16), m3 = hn::Zero(d16);
+    size_t i = 0;
+    for (; i + 4 * nl <= n; i += 4 * nl) {
+      m0 = hn::Max(m0, hn::And(hn::LoadU(d16, p + i), kAbs));
+      m1 = hn::Max(m1, hn::And(hn::LoadU(d16, p + i + nl), kAbs));
+      m2 = hn::Max(m2, hn::And(hn::LoadU(d16, p + i + 2 * nl), kAbs));
+      m3 = hn::Max(m3, hn::And(hn::LoadU(d16, p + i + 3 * nl), kAbs));
+    }
+    uint16_t m16 = hn::GetLane(hn::MaxOfLanes(d16, hn::Max(hn::Max(m0, m1), hn::Max(m2, m3))));
+    for (; i < n; ++i) m16 = std::max(m16, uint16_t(p[i] & 0x7FFF));
+    const float mv = ScalarLoad(reinterpret_cast<const T*>(&m16));  // exact widening (NaN stays NaN)
+    const uint32_t m = ScalarAbsBits(mv);
+    return m > amax_bits ? m : amax_bits;
   }
-  uint32_t m = ReduceAmaxBits(du, hn::Max(hn::Max(m0, m1), hn::Max(m2, m3)));
-  for (; i < n; ++i) {
-    const uint32_t a = ScalarAbsBits(ScalarLoad(x + i));
-    m = a > m ? a : m;
-  }
-  return m;
 }
 
 // An fp32 span (a row computed in registers or a buffer) quantized; returns

@@ -400,12 +400,27 @@ HWY_NOINLINE void FwdRowsFp8T(const FwdArgs& a, int64_t r0, int64_t r1) {
     const TX* HWY_RESTRICT next = r + 1 < r1 ? x + h : x;
     const auto vmu = hn::Set(df, mu_f);
     const auto vrs = hn::Set(df, rs_f);
-    size_t i = 0;
+    const auto zvec = [&](size_t j) HWY_ATTR {
+      const auto xc = Center<kLayerNorm>(LoadF(df, x + j), vmu);
+      const auto gs = hn::Mul(vrs, hn::LoadU(df, g + j));
+      return kLayerNorm ? hn::MulAdd(xc, gs, hn::LoadU(df, b + j)) : hn::Mul(xc, gs);
+    };
+    // Four vectors per 64-byte code store (streamed when a.stream).
+    const auto body4 = [&](auto stream) HWY_ATTR {
+      size_t j = 0;
+      for (; j + 4 * nf <= h; j += 4 * nf) {
+        for (size_t k = 0; k < 4; ++k) __builtin_prefetch(next + j + k * nf, 0, 2);
+        const auto z0 = zvec(j), z1 = zvec(j + nf), z2 = zvec(j + 2 * nf), z3 = zvec(j + 3 * nf);
+        vmax = hn::Max(vmax,
+                       hn::Max(hn::Max(AbsBits(df, z0), AbsBits(df, z1)), hn::Max(AbsBits(df, z2), AbsBits(df, z3))));
+        StoreFp8x4<kF, decltype(stream)::value>(df, z0, z1, z2, z3, vscale, z + j);
+      }
+      return j;
+    };
+    size_t i = a.stream ? body4(std::true_type()) : body4(std::false_type());
     for (; i + nf <= h; i += nf) {
       __builtin_prefetch(next + i, 0, 2);
-      const auto xc = Center<kLayerNorm>(LoadF(df, x + i), vmu);
-      const auto gs = hn::Mul(vrs, hn::LoadU(df, g + i));
-      const auto zv = kLayerNorm ? hn::MulAdd(xc, gs, hn::LoadU(df, b + i)) : hn::Mul(xc, gs);
+      const auto zv = zvec(i);
       vmax = hn::Max(vmax, AbsBits(df, zv));
       StoreFp8<kF>(df, hn::Mul(zv, vscale), z + i);
     }
@@ -417,6 +432,7 @@ HWY_NOINLINE void FwdRowsFp8T(const FwdArgs& a, int64_t r0, int64_t r1) {
       z[i] = FloatToFp8(zv * a.scale, kF);
     }
   }
+  if (a.stream) hwy::FlushStream();  // order this thread's streamed stores
   uint32_t m = ReduceAmaxBits(du, vmax);
   m = smax > m ? smax : m;
   uint32_t cur = a.amax_bits->load(std::memory_order_relaxed);
@@ -690,8 +706,7 @@ tefl_status* NormFwd(const tefl_call_frame* f, bool layernorm, bool fp8 = false)
     // Streaming needs every row start aligned to the widest vector (64 bytes
     // covers every x86 target), which also makes h a multiple of the lanes.
     const int64_t row_bytes = h * int64_t(fp8 ? 1 : FloatElemSize(tz));
-    a.stream = !fp8 && rows * row_bytes >= kStreamMinBytes && row_bytes % 64 == 0 &&
-               reinterpret_cast<uintptr_t>(a.z) % 64 == 0;
+    a.stream = rows * row_bytes >= kStreamMinBytes && row_bytes % 64 == 0 && reinterpret_cast<uintptr_t>(a.z) % 64 == 0;
 
     // Chunks of at least ~64 KiB of x keep the fork-join overhead small.
     const int64_t grain = std::max<int64_t>(1, (int64_t(16) << 10) / h);
