@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/portable/cpu_paths.h"
 #include "test_support.h"
 
 namespace {
@@ -844,8 +845,10 @@ TEST(ActivationSpecial, Bf16NativeStoreMatchesIntegerRounding) {
     }
     Problem hwy = p, native = p;
     setenv("TEFL_PORTABLE_BF16_CVT", "0", 1);
+    tefl::backends::ReloadPortableSwitches();
     const Status s0 = RunImpl(op.name, impl, Ptrs(hwy.in), Ptrs(hwy.out), hwy.attrs());
     unsetenv("TEFL_PORTABLE_BF16_CVT");
+    tefl::backends::ReloadPortableSwitches();
     ASSERT_TRUE(s0.ok()) << s0.ToString();
     const Status s1 = RunImpl(op.name, impl, Ptrs(native.in), Ptrs(native.out), native.attrs());
     ASSERT_TRUE(s1.ok()) << s1.ToString();

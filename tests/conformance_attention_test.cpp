@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backends/philox.h"
+#include "backends/portable/cpu_paths.h"
 #include "tefl/attention.hpp"
 #include "test_support.h"
 
@@ -588,18 +589,21 @@ TEST(AttentionBf16Dot, MatchesTheFp32ProductsOnTheSameInputs) {
     f32.o = dot.o;
     f32.stats = dot.stats;
     ASSERT_EQ(setenv("TEFL_PORTABLE_ATTN_BF16DOT", "0", 1), 0);
+    tefl::backends::ReloadPortableSwitches();
     const Status st = RunBwd(f32, kPortable);
     unsetenv("TEFL_PORTABLE_ATTN_BF16DOT");
+    tefl::backends::ReloadPortableSwitches();
     ASSERT_TRUE(st.ok()) << st.ToString();
     const Tolerance tol = AttnTol(DType::kBF16);
-    std::string msg =
-        Cmp("dq", dot.dq, f32.dq, tol) + Cmp("dk", dot.dk, f32.dk, tol) + Cmp("dv", dot.dv, f32.dv, tol);
+    std::string msg = Cmp("dq", dot.dq, f32.dq, tol) + Cmp("dk", dot.dk, f32.dk, tol) + Cmp("dv", dot.dv, f32.dv, tol);
     // The forward (S = Q K^T and O += P V on vdpbf16ps, P rounded to bf16).
     Problem fdot = Make(s), ff32 = Make(s);
     ASSERT_TRUE(RunFwd(fdot, kPortable).ok());
     ASSERT_EQ(setenv("TEFL_PORTABLE_ATTN_BF16DOT", "0", 1), 0);
+    tefl::backends::ReloadPortableSwitches();
     const Status fst = RunFwd(ff32, kPortable);
     unsetenv("TEFL_PORTABLE_ATTN_BF16DOT");
+    tefl::backends::ReloadPortableSwitches();
     ASSERT_TRUE(fst.ok()) << fst.ToString();
     msg += Cmp("o", fdot.o, ff32.o, tol) + Cmp("stats", fdot.stats, ff32.stats, Tolerance{1e-3, 1e-3});
     for (int64_t i = 0; i < fdot.o.numel() && !any_fwd_diff; ++i) any_fwd_diff |= fdot.o.at(i) != ff32.o.at(i);

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/portable/cpu_paths.h"
 #include "test_support.h"
 
 namespace {
@@ -668,16 +669,20 @@ TEST(SoftmaxConformanceSpecial, Bf16NativeStoreMatchesIntegerRounding) {
     if (std::string(op) == "scaled_masked_softmax_forward") in.push_back(&m);
     Tensor y0(DType::kBF16, shape), y1(DType::kBF16, shape);
     setenv("TEFL_PORTABLE_BF16_CVT", "0", 1);
+    tefl::backends::ReloadPortableSwitches();
     const Status s0 = RunImpl(op, impl, in, {&y0}, &attrs);
     unsetenv("TEFL_PORTABLE_BF16_CVT");
+    tefl::backends::ReloadPortableSwitches();
     ASSERT_TRUE(s0.ok()) << s0.ToString();
     ASSERT_TRUE(RunImpl(op, impl, in, {&y1}, &attrs).ok());
     EXPECT_EQ(std::memcmp(y0.bytes(), y1.bytes(), y0.nbytes()), 0);
     // Backward on the forward's output.
     Tensor dx0(DType::kBF16, shape), dx1(DType::kBF16, shape);
     setenv("TEFL_PORTABLE_BF16_CVT", "0", 1);
+    tefl::backends::ReloadPortableSwitches();
     const Status b0 = RunImpl("scaled_softmax_backward", impl, {&dy, &y0}, {&dx0}, &attrs);
     unsetenv("TEFL_PORTABLE_BF16_CVT");
+    tefl::backends::ReloadPortableSwitches();
     ASSERT_TRUE(b0.ok()) << b0.ToString();
     ASSERT_TRUE(RunImpl("scaled_softmax_backward", impl, {&dy, &y0}, {&dx1}, &attrs).ok());
     EXPECT_EQ(std::memcmp(dx0.bytes(), dx1.bytes(), dx0.nbytes()), 0);

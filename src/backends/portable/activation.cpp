@@ -968,7 +968,7 @@ tefl_status* Kernel(const tefl_call_frame* f, void*) {
     j.fast_t = j.tx;
     j.native = j.fast && j.tx == DType::kBF16 && UseBf16NativeStore();
     j.fast_act = j.fast && j.tx == DType::kBF16 && (kKind != Kind::kDbias || tdb == DType::kBF16) &&
-                 !(std::getenv("TEFL_PORTABLE_BF16_FAST_ACT") && std::getenv("TEFL_PORTABLE_BF16_FAST_ACT")[0] == '0');
+                 PortablePathOn(PortablePath::kBf16FastAct);
     j.x = DataPtr(x);
     j.g = g ? DataPtr(g) : nullptr;
     j.y = DataPtr(y);

@@ -55,6 +55,7 @@
 #include "backends/backends.h"
 #include "backends/kernel_support.h"
 #include "backends/philox.h"
+#include "backends/portable/cpu_paths.h"
 #include "core/dtype.h"
 #include "tefl/ops.h"
 #include "tefl/tefl.h"
@@ -184,11 +185,7 @@ inline bool ExtraLogit(const AttnCtx& c, int64_t h, float* logit) {
 #define TEFL_ATTN_BF16DOT 1
 #define TEFL_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
-inline bool CpuHasBf16Dot() {
-  static const bool has =
-      __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
-  return has;
-}
+inline bool CpuHasBf16Dot() { return CpuHasAvx512Bf16(); }
 inline bool AnySubnormalBf16(const void* p, int64_t n) {
   const auto* h = static_cast<const uint16_t*>(p);
   bool any = false;
@@ -224,13 +221,13 @@ TEFL_BF16_TARGET void DotGemm(const uint32_t* __restrict A, size_t lda, const ui
       for (size_t p = 0; p < Kp; ++p, b += ldb) {
         const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b), b1 = (__m512bh)_mm512_loadu_si512(b + 16);
         const __m512bh b2 = (__m512bh)_mm512_loadu_si512(b + 32), b3 = (__m512bh)_mm512_loadu_si512(b + 48);
-#define TEFL_DOT_ROW(r)                                                   \
-  {                                                                       \
+#define TEFL_DOT_ROW(r)                                                 \
+  {                                                                     \
     const __m512bh av = (__m512bh)_mm512_set1_epi32(int(a##r[p * ks])); \
-    c##r##0 = _mm512_dpbf16_ps(c##r##0, av, b0);                          \
-    c##r##1 = _mm512_dpbf16_ps(c##r##1, av, b1);                          \
-    c##r##2 = _mm512_dpbf16_ps(c##r##2, av, b2);                          \
-    c##r##3 = _mm512_dpbf16_ps(c##r##3, av, b3);                          \
+    c##r##0 = _mm512_dpbf16_ps(c##r##0, av, b0);                        \
+    c##r##1 = _mm512_dpbf16_ps(c##r##1, av, b1);                        \
+    c##r##2 = _mm512_dpbf16_ps(c##r##2, av, b2);                        \
+    c##r##3 = _mm512_dpbf16_ps(c##r##3, av, b3);                        \
   }
         TEFL_DOT_ROW(0)
         TEFL_DOT_ROW(1)
@@ -238,17 +235,17 @@ TEFL_BF16_TARGET void DotGemm(const uint32_t* __restrict A, size_t lda, const ui
         TEFL_DOT_ROW(3)
 #undef TEFL_DOT_ROW
       }
-#define TEFL_DOT_STORE(r, q)                                                     \
-  {                                                                              \
-    float* dst = C + (i + r) * ldc + j + 16 * q;                                 \
-    __m512 v = _mm512_mul_ps(c##r##q, va);                                       \
-    if (kAccumulate) v = _mm512_add_ps(v, _mm512_loadu_ps(dst));                 \
-    _mm512_storeu_ps(dst, v);                                                    \
+#define TEFL_DOT_STORE(r, q)                                     \
+  {                                                              \
+    float* dst = C + (i + r) * ldc + j + 16 * q;                 \
+    __m512 v = _mm512_mul_ps(c##r##q, va);                       \
+    if (kAccumulate) v = _mm512_add_ps(v, _mm512_loadu_ps(dst)); \
+    _mm512_storeu_ps(dst, v);                                    \
   }
-      TEFL_DOT_STORE(0, 0) TEFL_DOT_STORE(0, 1) TEFL_DOT_STORE(0, 2) TEFL_DOT_STORE(0, 3)
-      TEFL_DOT_STORE(1, 0) TEFL_DOT_STORE(1, 1) TEFL_DOT_STORE(1, 2) TEFL_DOT_STORE(1, 3)
-      TEFL_DOT_STORE(2, 0) TEFL_DOT_STORE(2, 1) TEFL_DOT_STORE(2, 2) TEFL_DOT_STORE(2, 3)
-      TEFL_DOT_STORE(3, 0) TEFL_DOT_STORE(3, 1) TEFL_DOT_STORE(3, 2) TEFL_DOT_STORE(3, 3)
+      TEFL_DOT_STORE(0, 0)
+      TEFL_DOT_STORE(0, 1) TEFL_DOT_STORE(0, 2) TEFL_DOT_STORE(0, 3) TEFL_DOT_STORE(1, 0) TEFL_DOT_STORE(1, 1)
+          TEFL_DOT_STORE(1, 2) TEFL_DOT_STORE(1, 3) TEFL_DOT_STORE(2, 0) TEFL_DOT_STORE(2, 1) TEFL_DOT_STORE(2, 2)
+              TEFL_DOT_STORE(2, 3) TEFL_DOT_STORE(3, 0) TEFL_DOT_STORE(3, 1) TEFL_DOT_STORE(3, 2) TEFL_DOT_STORE(3, 3)
 #undef TEFL_DOT_STORE
     }
   }
@@ -299,8 +296,8 @@ struct Bf16Rows {
   int64_t off[kBq > kBk ? kBq : kBk];
   int64_t n, d;
   uint32_t At(int64_t r, int64_t x) const { return r < n && x < d ? base[off[r] + x] : 0u; }
-  uint32_t Pair(int64_t r, int64_t x) const { return At(r, x) | (At(r, x + 1) << 16); }     // along channels
-  uint32_t Pair2(int64_t r, int64_t x) const { return At(r, x) | (At(r + 1, x) << 16); }    // along rows
+  uint32_t Pair(int64_t r, int64_t x) const { return At(r, x) | (At(r, x + 1) << 16); }   // along channels
+  uint32_t Pair2(int64_t r, int64_t x) const { return At(r, x) | (At(r + 1, x) << 16); }  // along rows
 };
 
 // Fills the slot of query block (bi, h, rows [i0, i0 + n)).
@@ -369,8 +366,7 @@ inline void PackKvTileBf16(const AttnCtx& c, int64_t bi, int64_t hk, int64_t j0,
 
 // q rows [i0, i0 + n) of (bi, h) as words of channel pairs [rows x dqkp / 2]
 // (rows [n, rows) zero).
-inline void PackQRowsBf16(const AttnCtx& c, int64_t bi, int64_t h, int64_t i0, int64_t n, int64_t rows,
-                          uint32_t* dst) {
+inline void PackQRowsBf16(const AttnCtx& c, int64_t bi, int64_t h, int64_t i0, int64_t n, int64_t rows, uint32_t* dst) {
   const AttnGeometry& g = c.g;
   Bf16Rows q{static_cast<const uint16_t*>(c.q), {}, n, g.dqk};
   for (int64_t r = 0; r < n; ++r) q.off[r] = AttnGeometry::At(g.token_q(bi, i0 + r), h, g.hq, g.dqk);
@@ -826,8 +822,7 @@ HWY_INLINE bool LoadRowState(const AttnCtx& c, Scratch& w, int64_t bi, int64_t h
 // in fp32, then P' and dS rounded to bf16 for dQ += dS K, dV^T += dO^T P'
 // and dK^T += Q^T dS (the transposes accumulate [d x keys], so each product
 // takes the row-pair words the elementwise step writes).
-void BwdKvItemBf16(const AttnCtx& c, Scratch& w, int64_t bi, int64_t hk, int64_t j0, int64_t nk,
-                   float* dq_partial) {
+void BwdKvItemBf16(const AttnCtx& c, Scratch& w, int64_t bi, int64_t hk, int64_t j0, int64_t nk, float* dq_partial) {
   const AttnGeometry& g = c.g;
   const int64_t np = RoundUp(nk, int64_t(kDotCols)), dqkp = c.dqkp, dvp = c.dvp;
   PackKBlockBf16(c, bi, hk, j0, nk, w.ktp, w.vtp, w.kpair);
@@ -848,8 +843,7 @@ void BwdKvItemBf16(const AttnCtx& c, Scratch& w, int64_t bi, int64_t hk, int64_t
       float* dq_rows = dq_partial + g.stat_index(bi, h, i0) * dqkp;
       DotGemm<false, false>(qrow, size_t(dqkp / 2), w.ktp, kBk, w.s, kBk, size_t(M), size_t(np), size_t(dqkp / 2),
                             scale);
-      DotGemm<false, false>(orow, size_t(dvp / 2), w.vtp, kBk, w.dp, kBk, size_t(M), size_t(np), size_t(dvp / 2),
-                            1.0f);
+      DotGemm<false, false>(orow, size_t(dvp / 2), w.vtp, kBk, w.dp, kBk, size_t(M), size_t(np), size_t(dvp / 2), 1.0f);
       BwdElementwise(c, w, bi, h, i0, n, M, j0, nk, np);
       TileToBf16(w.s, w.dp, M, np, w.pp, w.dsp, w.dsr);
       // dQ / scale += dS K for these rows (into the chunk's partial).
@@ -1078,14 +1072,13 @@ tefl_status* AttnFwd(const tefl_call_frame* f, void*) {
     c.first_tile = first_tile.data();
 #if TEFL_ATTN_BF16DOT
     if (t == DType::kBF16 && CpuHasBf16Dot() && c.dqkp % int64_t(kDotCols) == 0 && c.dvp % int64_t(kDotCols) == 0) {
-      const char* env = std::getenv("TEFL_PORTABLE_ATTN_BF16DOT");
-      c.bf16dot = !(env && env[0] == '0') && !AnySubnormalBf16(c.q, NumElements(in[0])) &&
+      c.bf16dot = PortablePathOn(PortablePath::kAttnBf16Dot) && !AnySubnormalBf16(c.q, NumElements(in[0])) &&
                   !AnySubnormalBf16(c.k, NumElements(in[1])) && !AnySubnormalBf16(c.v, NumElements(in[2]));
     }
 #endif
     // fp32 tiles, or on the bf16 dot path words: ktp [dqkp / 2 x kBk], vpair [kBk / 2 x dvp].
-    c.tile_floats = c.bf16dot ? (c.dqkp / 2 * kBk + kBk / 2 * c.dvp + 15) / 16 * 16
-                              : (c.g.dqk * kBk + kBk * c.dvp + 15) / 16 * 16;
+    c.tile_floats =
+        c.bf16dot ? (c.dqkp / 2 * kBk + kBk / 2 * c.dvp + 15) / 16 * 16 : (c.g.dqk * kBk + kBk * c.dvp + 15) / 16 * 16;
     const int64_t tiles = first_tile.back() * c.g.hkv;
     auto kv_pack = hwy::AllocateAligned<float>(size_t(std::max<int64_t>(tiles, 1) * c.tile_floats));
     if (!kv_pack) return Status(f, TEFL_INTERNAL, "out of memory for the packed k/v tiles");
@@ -1136,8 +1129,7 @@ tefl_status* AttnBwd(const tefl_call_frame* f, void*) {
     hwy::AlignedFreeUniquePtr<uint32_t[]> q16;
 #if TEFL_ATTN_BF16DOT
     if (t == DType::kBF16 && CpuHasBf16Dot() && c.dqkp % int64_t(kDotCols) == 0 && c.dvp % int64_t(kDotCols) == 0) {
-      const char* env = std::getenv("TEFL_PORTABLE_ATTN_BF16DOT");
-      c.bf16dot = !(env && env[0] == '0') && !AnySubnormalBf16(c.q, NumElements(in[0])) &&
+      c.bf16dot = PortablePathOn(PortablePath::kAttnBf16Dot) && !AnySubnormalBf16(c.q, NumElements(in[0])) &&
                   !AnySubnormalBf16(c.k, NumElements(in[1])) && !AnySubnormalBf16(c.v, NumElements(in[2])) &&
                   !AnySubnormalBf16(c.d_o, NumElements(in[4]));
     }

@@ -41,6 +41,7 @@
 
 #include "backends/backends.h"
 #include "backends/kernel_support.h"
+#include "backends/portable/cpu_paths.h"
 #include "core/dtype.h"
 #include "core/fp8.h"
 #include "tefl/ops.h"
@@ -311,11 +312,7 @@ constexpr int64_t kGroupPanels = 4;  // column panels per task (B slice stays in
 constexpr int64_t kSuperRows = 64;   // rows per task (8 tiles)
 constexpr int64_t kBf16MinWork = 32 * 32 * 32;
 
-bool CpuHasBf16Dot() {
-  static const bool has =
-      __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
-  return has;
-}
+bool CpuHasBf16Dot() { return CpuHasAvx512Bf16(); }
 
 bool IsSubnormalBf16(uint16_t h) { return (h & 0x7F80u) == 0 && (h & 0x7Fu) != 0; }
 

@@ -9,21 +9,11 @@
 // ---- Shared by every target (defined once) ----------------------------------
 #ifndef TEFL_BACKENDS_PORTABLE_SIMD_IO_SHARED_
 #define TEFL_BACKENDS_PORTABLE_SIMD_IO_SHARED_
-#include <cstdlib>
+#include "backends/portable/cpu_paths.h"
 namespace tefl::backends {
 // The AVX512-BF16 store path (TEFL_BF16_NATIVE targets): the CPU has it and
-// TEFL_PORTABLE_BF16_CVT=0 is not set (read per call, so tests can compare
-// both paths).
-inline bool UseBf16NativeStore() {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  static const bool has = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-  const char* env = std::getenv("TEFL_PORTABLE_BF16_CVT");
-  return has && !(env && env[0] == '0');
-#else
-  return false;
-#endif
-}
+// TEFL_PORTABLE_BF16_CVT=0 is not set (cpu_paths.h).
+inline bool UseBf16NativeStore() { return PortablePathOn(PortablePath::kBf16Cvt); }
 }  // namespace tefl::backends
 #endif  // TEFL_BACKENDS_PORTABLE_SIMD_IO_SHARED_
 
