@@ -84,6 +84,27 @@ CallArgs ArgsOf(const tefl_call_frame& f) {
   return CallArgs{f.inputs, f.num_inputs, f.outputs, f.num_outputs, f.attrs};
 }
 
+// The arguments of a call as every entry point (Call, Explain, Prepare) hands
+// them on: attributes normalised (into attr_buffer when needed), arrays padded
+// to the op's full arity (into padded_* for a call in the op's first form).
+// Lives on the caller's stack; `args` may point into it.
+struct NormalizedCall {
+  alignas(16) char attr_buffer[kMaxAttrsSize];
+  const DLTensor* padded_in[kMaxOpArgs];
+  DLTensor* padded_out[kMaxOpArgs];
+  CallArgs args;
+};
+// NULL, or the attributes' error.
+inline tefl_status* NormalizeCall(const OpSchema& op, std::span<const DLTensor* const> inputs,
+                                  std::span<DLTensor* const> outputs, const void* attrs_in, NormalizedCall* c) {
+  tefl_status* error = nullptr;
+  const void* attrs = NormalizeAttrs(op, attrs_in, c->attr_buffer, &error);
+  if (error) return error;
+  c->args = CallArgs{inputs.data(), int32_t(inputs.size()), outputs.data(), int32_t(outputs.size()), attrs};
+  PadToFullArity(op, &c->args, c->padded_in, c->padded_out);
+  return nullptr;
+}
+
 // The DLPack device type recorded in a signature.
 int32_t DeviceTypeOf(const SigKey& key) { return int32_t((key.w[0] >> 32) & 0xFF); }
 
@@ -392,14 +413,9 @@ Status OpManager::Call(int32_t op_id, std::span<const DLTensor* const> inputs, s
   if (op == nullptr) return Status(TEFL_NOT_FOUND, fmt::format("unknown op id {}", op_id));
   if (!rep_->initialized.load(std::memory_order_acquire)) EnsureInitialized();
 
-  alignas(16) char attr_buffer[kMaxAttrsSize];
-  tefl_status* error = nullptr;
-  const void* attrs = NormalizeAttrs(*op, attrs_in, attr_buffer, &error);
-  if (error) return Status::FromC(error);
-  CallArgs args{inputs.data(), int32_t(inputs.size()), outputs.data(), int32_t(outputs.size()), attrs};
-  const DLTensor* padded_in[kMaxOpArgs];
-  DLTensor* padded_out[kMaxOpArgs];
-  PadToFullArity(*op, &args, padded_in, padded_out);
+  NormalizedCall call;
+  if (tefl_status* error = NormalizeCall(*op, inputs, outputs, attrs_in, &call)) return Status::FromC(error);
+  const CallArgs& args = call.args;
   ThreadState& ts = t_thread_state;
   DispatchCache* cache = ThreadCache(ts);
   SigKey key;
@@ -522,17 +538,12 @@ Resolution OpManager::Explain(int32_t op_id, std::span<const DLTensor* const> in
   const PolicyRecord* policy = EffectivePolicy();
   res.policy = policy->policy.Fingerprint();
   for (const PolicyToken& t : policy->order_by_op[size_t(op->id)]) res.order.push_back(t.ToString());
-  alignas(16) char attr_buffer[kMaxAttrsSize];
-  tefl_status* error = nullptr;
-  const void* attrs = NormalizeAttrs(*op, attrs_in, attr_buffer, &error);
-  if (error) {
+  NormalizedCall call;
+  if (tefl_status* error = NormalizeCall(*op, inputs, outputs, attrs_in, &call)) {
     res.error = Status::FromC(error).message();
     return res;
   }
-  CallArgs args{inputs.data(), int32_t(inputs.size()), outputs.data(), int32_t(outputs.size()), attrs};
-  const DLTensor* padded_in[kMaxOpArgs];
-  DLTensor* padded_out[kMaxOpArgs];
-  PadToFullArity(*op, &args, padded_in, padded_out);
+  const CallArgs& args = call.args;
   SigKey key;
   if (tefl_status* e = ValidateCall(*op, args, &key)) {
     res.error = Status::FromC(e).message();
@@ -604,14 +615,9 @@ Status OpManager::Prepare(int32_t op_id, std::span<const DLTensor* const> inputs
   if (op == nullptr) return Status(TEFL_NOT_FOUND, fmt::format("unknown op id {}", op_id));
   if (out == nullptr) return Status(TEFL_INVALID_ARGUMENT, fmt::format("{}: Prepare: out is NULL", op->name));
   if (!rep_->initialized.load(std::memory_order_acquire)) EnsureInitialized();
-  alignas(16) char attr_buffer[kMaxAttrsSize];
-  tefl_status* error = nullptr;
-  const void* attrs = NormalizeAttrs(*op, attrs_in, attr_buffer, &error);
-  if (error) return Status::FromC(error);
-  CallArgs args{inputs.data(), int32_t(inputs.size()), outputs.data(), int32_t(outputs.size()), attrs};
-  const DLTensor* padded_in[kMaxOpArgs];
-  DLTensor* padded_out[kMaxOpArgs];
-  PadToFullArity(*op, &args, padded_in, padded_out);
+  NormalizedCall call;
+  if (tefl_status* error = NormalizeCall(*op, inputs, outputs, attrs_in, &call)) return Status::FromC(error);
+  const CallArgs& args = call.args;
   SigKey key;
   ByteRanges ranges;
   if (tefl_status* e = ValidateCall(*op, args, &key, &ranges)) return Status::FromC(e);
@@ -624,10 +630,10 @@ Status OpManager::Prepare(int32_t op_id, std::span<const DLTensor* const> inputs
   rep->key = key;
   rep->prepared_in_place = (key.w[0] & kSigInPlaceBit) != 0;
   const void* attrs_ptr = nullptr;  // NULL for an op without attributes
-  if (attrs != nullptr && op->attrs_size != 0) {
+  if (args.attrs != nullptr && op->attrs_size != 0) {
     // Our own copy of the host's struct (a newer caller's longer struct is
     // cut to the fields this library knows, and says so in struct_size).
-    std::memcpy(rep->attrs, attrs, op->attrs_size);
+    std::memcpy(rep->attrs, args.attrs, op->attrs_size);
     std::memcpy(rep->attrs, &op->attrs_size, sizeof(size_t));
     attrs_ptr = rep->attrs;
   }
