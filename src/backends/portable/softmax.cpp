@@ -262,7 +262,13 @@ HWY_INLINE void WriteRow(const float* HWY_RESTRICT s, size_t kept, size_t sk, fl
   const size_t nf = hn::Lanes(df);
   const size_t padded = (kept + nf - 1) / nf * nf;  // s is exp'd (0 in the padding) below this
   const auto vinv = hn::Set(df, inv);
-  const auto out = [&](size_t j) HWY_ATTR { return j < padded ? hn::Mul(hn::LoadU(df, s + j), vinv) : hn::Zero(df); };
+  // Columns >= kept are 0 even in a NaN row (inv NaN): the vector across kept
+  // is masked (causal rows; kept == sk otherwise).
+  const auto out = [&](size_t j) HWY_ATTR {
+    if (j + nf <= kept) return hn::Mul(hn::LoadU(df, s + j), vinv);
+    if (j < padded) return hn::IfThenElseZero(hn::FirstN(df, kept - j), hn::Mul(hn::LoadU(df, s + j), vinv));
+    return hn::Zero(df);
+  };
   size_t j = 0;
 #if HWY_TARGET != HWY_SCALAR
   if constexpr (std::is_same_v<TY, bfloat16_t>) {
