@@ -693,6 +693,74 @@ TEST(SoftmaxConformanceSpecial, Bf16NativeStoreMatchesIntegerRounding) {
   }
 }
 
+// default.portable's forward ops with bf16 outputs use a degree-3 exp
+// (relative error 7.5e-5) unless TEFL_PORTABLE_BF16_FAST_ACT=0 (degree 4).
+// Both must meet TE's bf16 softmax tolerance against the reference on rows
+// with wide score ranges ([-30, 30], probabilities down to e^-60), odd
+// widths (1, 17, 2049: vector steps and tails), a fully masked row (exactly
+// 0), NaN and -inf scores; and the switch must change some bits (else the
+// fast path was never taken).
+TEST(SoftmaxConformanceSpecial, Bf16FastExpMatchesReference) {
+  const char* impl = "default.portable";
+  const double inf = std::numeric_limits<double>::infinity();
+  int64_t differing = 0;
+  for (const OpInfo& info : kOps) {
+    for (int64_t sk : {1, 17, 2049}) {
+      for (DType tx : {DType::kBF16, DType::kF32}) {
+        const bool rank3 = info.v == Variant::kUpperTriang;
+        const int64_t sq = rank3 ? sk : 5;  // upper-triang: square
+        const std::vector<int64_t> shape = rank3 ? std::vector<int64_t>{1, sq, sk} : std::vector<int64_t>{2, 2, sq, sk};
+        const std::string seed = fmt::format("fastexp_{}_{}_{}", info.fwd, sk, Short(tx));
+        SCOPED_TRACE(seed);
+        Tensor x(tx, shape);
+        x.Uniform(seed, -30.0, 30.0);
+        const int64_t rows = x.numel() / sk;
+        if (rows > 3) {
+          x.set(2 * sk + sk / 2, std::nan(""));  // row 2: NaN (kept column for every variant when sk > 1)
+          x.set(3 * sk, -inf);                   // row 3: one -inf score (0 there)
+        }
+        std::vector<Tensor> in = {x};
+        if (info.v == Variant::kMasked) in.push_back(MakeMask(2, sq, sk, seed));  // row 1: fully masked
+        std::vector<Tensor*> p;
+        for (Tensor& t : in) p.push_back(&t);
+        const tefl_softmax_attrs attrs = Attrs(0.75f);
+        Tensor ref = Output(DType::kBF16, shape);
+        ASSERT_TRUE(RunImpl(info.fwd, kReference, p, {&ref}, &attrs).ok());
+        Tensor y[2] = {Output(DType::kBF16, shape), Output(DType::kBF16, shape)};
+        for (int fast = 0; fast < 2; ++fast) {
+          SCOPED_TRACE(fast ? "TEFL_PORTABLE_BF16_FAST_ACT=1" : "TEFL_PORTABLE_BF16_FAST_ACT=0");
+          setenv("TEFL_PORTABLE_BF16_FAST_ACT", fast ? "1" : "0", 1);
+          tefl::backends::ReloadPortableSwitches();
+          const Status s = RunImpl(info.fwd, impl, p, {&y[fast]}, &attrs);
+          unsetenv("TEFL_PORTABLE_BF16_FAST_ACT");
+          tefl::backends::ReloadPortableSwitches();
+          ASSERT_TRUE(s.ok()) << s.ToString();
+          EXPECT_TRUE(y[fast].GuardsIntact());
+          const CompareResult r = Compare(y[fast], ref, SoftmaxTolerance(DType::kBF16));
+          EXPECT_EQ(r.mismatches, 0) << r.ToString()
+                                     << (r.first_bad >= 0 ? fmt::format(" got {} want {}", y[fast].at(r.first_bad),
+                                                                        ref.at(r.first_bad))
+                                                          : std::string());
+          for (int64_t i = 0; i < y[fast].numel(); ++i) {
+            const double want = ref.at(i), got = y[fast].at(i);
+            if (want == 0.0) {  // masked, dropped, -inf: exactly 0
+              EXPECT_EQ(got, 0.0) << "element " << i;
+            }
+            if (std::isnan(want)) {
+              EXPECT_TRUE(std::isnan(got)) << "element " << i;
+            }
+          }
+          if (info.v == Variant::kMasked && sq > 1) {
+            for (int64_t j = 0; j < sk; ++j) EXPECT_EQ(y[fast].at(sk + j), 0.0) << "fully masked row, col " << j;
+          }
+        }
+        for (int64_t i = 0; i < y[0].numel(); ++i) differing += y[0].at(i) != y[1].at(i) && !std::isnan(y[0].at(i));
+      }
+    }
+  }
+  EXPECT_GT(differing, 0) << "TEFL_PORTABLE_BF16_FAST_ACT made no difference";
+}
+
 // TE's masked score is exactly -10000 (not -inf): when the kept scores are
 // near -10000 the masked columns take part. A row of x = -10000 (scale 1)
 // with half its columns masked is uniform over every column; a row of

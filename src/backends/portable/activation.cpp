@@ -110,6 +110,7 @@ struct Job {
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
+#include "backends/portable/fast_exp-inl.h"
 #include "backends/portable/fp8_io-inl.h"
 #include "backends/portable/simd_io-inl.h"
 
@@ -121,66 +122,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 using D = hn::ScalableTag<float>;
 using V = hn::Vec<D>;
 
-// ---- exp(v) for v <= 0 -------------------------------------------------------
-// 2^n e^r with n = round(v / ln 2) and r = v - n ln 2 (one FMA: fp32 ln 2 is
-// off by 1.9e-9, which adds |n| * 1.9e-9 relative error, 2e-8 for v >= -7 and
-// 2.4e-7 at the bottom of the range), e^r on |r| <= ln 2 / 2 by a degree-5
-// near-minimax polynomial (relative error 1.1e-7; 1.8e-7 = 3 ulp evaluated
-// in fp32). n is read from the bits of v / ln 2 + (1.5 * 2^23 + 127), which
-// also holds n + 127: shifted into the exponent field it is 2^n. Below -87
-// (2^n no longer normal) the result is 0 (the true value is < 2e-38). -inf
-// gives 0; NaN gives NaN. 11 operations where Highway's contrib Exp, valid on the whole
-// line, takes ~26: the transcendental ops are compute-bound for bf16 data.
-//
-// Lower degrees for bf16 outputs, whose 8-bit mantissa needs no more (near-
-// minimax, same range handling): kDeg 3, relative error 7.5e-5 (forward ops:
-// vs bf16's half ulp 2^-9 = 2e-3 and TE's bf16 rtol 1e-2); kDeg 4, 2.6e-6
-// (derivatives, which cancel near their roots where only atol 1e-5 holds:
-// s and x s (1 - s) p of ~0.2 there give an absolute error ~1e-6).
-//
-// AVX-512 targets clamp v at -105 first (max(-105, v): a NaN v stays) and
-// scale by 2^n with vscalefps, which underflows gradually and exactly (e^-105
-// is 0 in fp32): two operations fewer; below -87 the result is then the
-// subnormal e^v (or 0) instead of 0, identical above.
-template <int kDeg = 5>
-HWY_INLINE V ExpNonPositive(D d, V v) {
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  v = hn::Max(hn::Set(d, -105.0f), v);  // _mm512_max_ps: the second operand when either is NaN
-#endif
-  const hn::RebindToUnsigned<D> du;
-  const V magic = hn::Set(d, 12583039.0f);  // 1.5 * 2^23 + 127
-  const V t = hn::MulAdd(v, hn::Set(d, 1.44269504088896341f), magic);
-  const V n = hn::Sub(t, magic);
-  const V r = hn::MulAdd(n, hn::Set(d, -0.693147180559945309f), v);
-  V p;
-  if constexpr (kDeg == 3) {
-    p = hn::Set(d, 0.16566842252380337f);
-    p = hn::MulAdd(p, r, hn::Set(d, 0.5049633176500491f));
-    p = hn::MulAdd(p, r, hn::Set(d, 1.0001641890817925f));
-    p = hn::MulAdd(p, r, hn::Set(d, 0.9999280720300502f));
-  } else if constexpr (kDeg == 4) {
-    p = hn::Set(d, 0.04145860806239317f);
-    p = hn::MulAdd(p, r, hn::Set(d, 0.16790908276062141f));
-    p = hn::MulAdd(p, r, hn::Set(d, 0.5000435872713622f));
-    p = hn::MulAdd(p, r, hn::Set(d, 0.9999634042348399f));
-    p = hn::MulAdd(p, r, hn::Set(d, 0.9999992614265667f));
-  } else {
-    static_assert(kDeg == 5);
-    p = hn::Set(d, 0.008312475867569447f);
-    p = hn::MulAdd(p, r, hn::Set(d, 0.041890550404787064f));
-    p = hn::MulAdd(p, r, hn::Set(d, 0.16667115688323975f));
-    p = hn::MulAdd(p, r, hn::Set(d, 0.4999922811985016f));
-    p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
-    p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
-  }
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  (void)du;
-  return V{_mm512_scalef_ps(p.raw, n.raw)};
-#else
-  const V scale = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(du, t)));
-  return hn::IfThenZeroElse(hn::Lt(v, hn::Set(d, -87.0f)), hn::Mul(p, scale));
-#endif
-}
+// ---- exp(v) for v <= 0: ExpNonPositive<kDeg> in fast_exp-inl.h --------------
 
 // ---- Sigmoid -----------------------------------------------------------------
 // s = sigmoid(u) and 1 - s from e = exp(-|u|) in [0, 1]: with r = 1 / (1 + e)

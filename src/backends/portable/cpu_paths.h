@@ -11,7 +11,8 @@ namespace tefl::backends {
 
 enum class PortablePath : int {
   kBf16Cvt,      // TEFL_PORTABLE_BF16_CVT: bf16 stores by vcvtne2ps2bf16 (AVX512-BF16)
-  kBf16FastAct,  // TEFL_PORTABLE_BF16_FAST_ACT: shorter exp/sigmoid for bf16 activation outputs (any CPU)
+  kBf16FastAct,  // TEFL_PORTABLE_BF16_FAST_ACT: shorter exp/sigmoid for bf16 outputs of activations and softmax (any
+                 // CPU)
   kAttnBf16Dot,  // TEFL_PORTABLE_ATTN_BF16DOT: bf16 attention tiles by vdpbf16ps (AVX512-BF16)
   kCount
 };

@@ -10,8 +10,10 @@
 //  1. s = scale * x (or -10000 where the mask is 1) into an fp32 scratch row,
 //     with the running max; columns [kept, round_up(kept, lanes)) are padded
 //     with -inf;
-//  2. s = exp(s - max) in place (ExpNonPositive below: <= ~2 ulp, 0 for
-//     -inf, NaN for NaN), summed in fp32 over two accumulators, while the
+//  2. s = exp(s - max) in place (ExpTaylor below: <= ~2 ulp, 0 for -inf, NaN
+//     for NaN; for bf16 outputs under TEFL_PORTABLE_BF16_FAST_ACT, on by
+//     default, fast_exp-inl.h's degree-3 ExpNonPositive: 7.5e-5 relative),
+//     summed in fp32 over two accumulators, while the
 //     next row is prefetched;
 //  3. y = s * (1 / sum) for j < kept, 0 after; stored, or streamed with
 //     non-temporal stores for large aligned outputs.
@@ -69,6 +71,7 @@ struct SmFwdArgs {
   bool mask_broadcast;  // mask [1, 1, sq, sk]
   bool stream;          // non-temporal y stores (large outputs, aligned rows)
   bool native;          // bf16 y rounded by vcvtne2ps2bf16 (simd_io-inl.h)
+  bool fast;            // bf16 y: the degree-3 exp (PortablePath::kBf16FastAct)
 };
 
 struct SmBwdArgs {
@@ -104,6 +107,7 @@ inline int64_t KeptColumns(const SmFwdArgs& a, int64_t r) {
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
+#include "backends/portable/fast_exp-inl.h"
 #include "backends/portable/simd_io-inl.h"
 
 // ---- Per-target kernels ------------------------------------------------------
@@ -112,7 +116,7 @@ namespace tefl::backends::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 // ---- Forward pass 1: scores and their max ----------------------------------
-// No NaN bookkeeping: a NaN score (or inf - inf below) reaches ExpNonPositive,
+// No NaN bookkeeping: a NaN score (or inf - inf below) reaches ExpTaylor,
 // which propagates it into the sum, and so into every kept column.
 template <bool kHasMask, class TX>
 HWY_INLINE float ScoreRow(const TX* HWY_RESTRICT x, const uint8_t* HWY_RESTRICT m, size_t kept, float scale,
@@ -175,7 +179,7 @@ HWY_INLINE float ScoreRow(const TX* HWY_RESTRICT x, const uint8_t* HWY_RESTRICT 
 // gradual underflow: e^x is the subnormal value down to about -103.3 and 0
 // below -104, so masked scores still give 0): two operations fewer.
 template <int kDeg, class DF, class V>
-HWY_INLINE V ExpNonPositive(DF df, V x) {
+HWY_INLINE V ExpTaylor(DF df, V x) {
   const hn::RebindToSigned<DF> di;
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   const auto kLow = hn::Set(df, -105.0f);
@@ -211,6 +215,20 @@ HWY_INLINE V ExpNonPositive(DF df, V x) {
 }
 
 // ---- Forward pass 2: s = exp(s - max), returns the sum ---------------------
+// kDeg 3 (bf16 outputs, fast path): fast_exp-inl.h's near-minimax
+// ExpNonPositive<3>, relative error 7.5e-5, so each y = e_j / sum is within
+// ~1.5e-4 (the sum is fp32) against bf16's half step 2^-9 = 2e-3. Its range
+// handling matches ExpTaylor's: -inf (padding, masked -10000 - max far below)
+// gives 0, NaN stays NaN. Other degrees: ExpTaylor.
+template <int kDeg, class DF, class V>
+HWY_INLINE V ExpRowElem(DF df, V x) {
+  if constexpr (kDeg == 3) {
+    return ExpNonPositive<3>(df, x);
+  } else {
+    return ExpTaylor<kDeg>(df, x);
+  }
+}
+
 template <int kDeg, class TX>
 HWY_INLINE float ExpRow(float* HWY_RESTRICT s, size_t padded, float mx, const TX* next, size_t next_len) {
   const hn::ScalableTag<float> df;
@@ -221,15 +239,15 @@ HWY_INLINE float ExpRow(float* HWY_RESTRICT s, size_t padded, float mx, const TX
   for (; j + 2 * nf <= padded; j += 2 * nf) {
     if (j < next_len) __builtin_prefetch(next + j, 0, 2);
     if (sizeof(TX) == 4 && j + nf < next_len) __builtin_prefetch(next + j + nf, 0, 2);
-    const auto e0 = ExpNonPositive<kDeg>(df, hn::Sub(hn::LoadU(df, s + j), vmx));
-    const auto e1 = ExpNonPositive<kDeg>(df, hn::Sub(hn::LoadU(df, s + j + nf), vmx));
+    const auto e0 = ExpRowElem<kDeg>(df, hn::Sub(hn::LoadU(df, s + j), vmx));
+    const auto e1 = ExpRowElem<kDeg>(df, hn::Sub(hn::LoadU(df, s + j + nf), vmx));
     hn::StoreU(e0, df, s + j);
     hn::StoreU(e1, df, s + j + nf);
     sum0 = hn::Add(sum0, e0);
     sum1 = hn::Add(sum1, e1);
   }
   for (; j < padded; j += nf) {
-    const auto e0 = ExpNonPositive<kDeg>(df, hn::Sub(hn::LoadU(df, s + j), vmx));
+    const auto e0 = ExpRowElem<kDeg>(df, hn::Sub(hn::LoadU(df, s + j), vmx));
     hn::StoreU(e0, df, s + j);
     sum0 = hn::Add(sum0, e0);
   }
@@ -244,7 +262,13 @@ HWY_INLINE void WriteRow(const float* HWY_RESTRICT s, size_t kept, size_t sk, fl
   const size_t nf = hn::Lanes(df);
   const size_t padded = (kept + nf - 1) / nf * nf;  // s is exp'd (0 in the padding) below this
   const auto vinv = hn::Set(df, inv);
-  const auto out = [&](size_t j) HWY_ATTR { return j < padded ? hn::Mul(hn::LoadU(df, s + j), vinv) : hn::Zero(df); };
+  // Columns >= kept are 0 even in a NaN row (inv NaN): the vector across kept
+  // is masked (causal rows; kept == sk otherwise).
+  const auto out = [&](size_t j) HWY_ATTR {
+    if (j + nf <= kept) return hn::Mul(hn::LoadU(df, s + j), vinv);
+    if (j < padded) return hn::IfThenElseZero(hn::FirstN(df, kept - j), hn::Mul(hn::LoadU(df, s + j), vinv));
+    return hn::Zero(df);
+  };
   size_t j = 0;
 #if HWY_TARGET != HWY_SCALAR
   if constexpr (std::is_same_v<TY, bfloat16_t>) {
@@ -331,7 +355,7 @@ HWY_INLINE float ExpAny(const SmFwdArgs& a, int64_t r, int64_t r1, float* s, siz
     case DType::kF16:
       return ExpRowX<5>(a, s, padded, mx, off, next_len);
     default:
-      return ExpRowX<4>(a, s, padded, mx, off, next_len);
+      return a.fast ? ExpRowX<3>(a, s, padded, mx, off, next_len) : ExpRowX<4>(a, s, padded, mx, off, next_len);
   }
 }
 
@@ -606,6 +630,7 @@ tefl_status* Forward(const tefl_call_frame* f, int kind) {
     }
     a.stream = StreamOk(a.y, rows, sk, ty);
     a.native = ty == DType::kBF16 && UseBf16NativeStore();
+    a.fast = ty == DType::kBF16 && PortablePathOn(PortablePath::kBf16FastAct);
     FwdCtx c{&a, ScratchFloats(sk)};
     f->host->parallel_for(rows, Grain(sk), FwdBody, &c);
     if (c.oom.load()) return Status(f, TEFL_RUNTIME_ERROR, "scratch row allocation failed");
