@@ -281,7 +281,9 @@ class OpManager {
 // policy, the registry or a demotion changes), runs the chain with fallback,
 // and reports the same errors, before any output is written. Not for
 // concurrent use: one thread at a time per PreparedCall (different
-// PreparedCalls may run on different threads at once).
+// PreparedCalls may run on different threads at once). The manager that
+// prepared it must outlive it. Run() also takes the counts of the op's first
+// release for an op that has grown since (the later arguments absent).
 class PreparedCall {
  public:
   PreparedCall();  // empty: Run() returns FAILED_PRECONDITION
