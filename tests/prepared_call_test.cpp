@@ -121,6 +121,49 @@ TEST(PreparedCall, PointerErrorsAreCallsErrorsAndWriteNothing) {
   EXPECT_NE(t.z.at(0), -9.0);
 }
 
+// A run on the same pointers as the last run that passed its pointer checks
+// skips those checks (they depend on nothing else); a run that failed them
+// never counts as checked, so repeating bad pointers repeats the error.
+TEST(PreparedCall, SamePointersAsTheLastCheckedRun) {
+  OpManager m;
+  RmsTensors t("t"), ref("t");
+  PreparedCall call;
+  ASSERT_TRUE(m.Prepare(TEFL_OP_RMSNORM_FWD, t.In(), t.Out(), nullptr, &call).ok());
+  ASSERT_TRUE(m.Call(TEFL_OP_RMSNORM_FWD, ref.In(), ref.Out()).ok());
+  for (int i = 0; i < 3; ++i) {
+    t.z.Fill(-9.0);
+    ASSERT_TRUE(call.Run(t.InData(), t.OutData()).ok());
+    EXPECT_TRUE(t.z.SameBytes(ref.z)) << "run " << i;
+  }
+  char* zb = static_cast<char*>(t.z.bytes());
+  const std::vector<std::vector<void*>> bad_outs = {
+      {zb + 1, t.rs.bytes()},       // misaligned
+      {t.x.bytes(), t.rs.bytes()},  // overlaps x
+      {nullptr, t.rs.bytes()},      // NULL
+  };
+  for (const std::vector<void*>& bad : bad_outs) {
+    Tensor x_before = t.x;
+    t.z.Fill(-9.0);
+    Tensor z_before = t.z;
+    for (int repeat = 0; repeat < 2; ++repeat) {
+      Status s = call.Run(t.InData(), bad);
+      EXPECT_EQ(s.code(), TEFL_INVALID_ARGUMENT) << "repeat " << repeat << ": " << s.ToString();
+      EXPECT_TRUE(t.z.SameBytes(z_before));
+      EXPECT_TRUE(t.x.SameBytes(x_before));
+    }
+    // The good pointers again: checked afresh, then run.
+    ASSERT_TRUE(call.Run(t.InData(), t.OutData()).ok());
+    EXPECT_TRUE(t.z.SameBytes(ref.z));
+  }
+  // One pointer differs from the last run: that run is checked in full.
+  RmsTensors other("t");
+  std::vector<void*> mixed_in = {other.x.bytes(), t.g.bytes()};
+  ASSERT_TRUE(call.Run(mixed_in, t.OutData()).ok());
+  EXPECT_TRUE(t.z.SameBytes(ref.z));  // other.x holds the same values as t.x
+  std::vector<void*> bad_in = {zb + 2, t.g.bytes()};
+  EXPECT_EQ(call.Run(bad_in, t.OutData()).code(), TEFL_INVALID_ARGUMENT);
+}
+
 TEST(PreparedCall, EmptyAndInvalidPreparations) {
   PreparedCall empty;
   EXPECT_FALSE(empty.prepared());

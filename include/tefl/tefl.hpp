@@ -299,6 +299,8 @@ class PreparedCall {
 
  private:
   friend class OpManager;
+  Status RunChecked(void* stream);  // after the pointer checks passed
+  Status RunFull(std::span<void* const> input_data, std::span<void* const> output_data, void* stream);
   std::unique_ptr<Rep> rep_;
 };
 

@@ -28,6 +28,9 @@ struct Chain {
   bool strict = false;
   int32_t error_code = TEFL_OK;
   std::string error;
+  // impls[0] when there is no error and a candidate; else NULL (the hot
+  // path's one test for both).
+  const ImplRecord* first = nullptr;
 };
 
 struct CacheEntry {
@@ -153,6 +156,11 @@ struct OpManager::Rep {
   std::unordered_map<FullKey, Resolved, FullKeyHash> resolved;
   Status Dispatch(const OpSchema& op, const tefl_call_frame& frame, const SigKey& key,
                   ValidationMemo::Resolution* remembered, DispatchCache* cache);
+  // Dispatch's chain when `remembered` does not hold it: from the per-thread
+  // cache or Resolve; remembers it.
+  const Chain* LookUpChain(const OpSchema& op, const tefl_call_frame& frame, const SigKey& key,
+                           ValidationMemo::Resolution* remembered, DispatchCache* cache, const PolicyRecord* policy,
+                           uint64_t epoch);
   // The slow part of a call: the chain after its first candidate declined or
   // failed, or with TE_FL_VERBOSE exec timing.
   Status RunChain(const OpSchema& op, const tefl_call_frame& frame, const SigKey& key, const Chain& chain,
@@ -175,6 +183,7 @@ struct OpManager::Rep {
     auto k = std::make_tuple(c.impls, c.strict, c.error_code, c.error);
     auto it = chains.find(k);
     if (it != chains.end()) return it->second.get();
+    c.first = c.error.empty() && !c.impls.empty() ? c.impls[0] : nullptr;
     auto owned_chain = std::make_unique<Chain>(std::move(c));
     const Chain* out = owned_chain.get();
     chains.emplace(std::move(k), std::move(owned_chain));
@@ -435,25 +444,16 @@ __attribute__((always_inline)) inline Status OpManager::Rep::Dispatch(const OpSc
   const PolicyRecord* policy = EffectivePolicy(t_thread_state);
   const uint64_t epoch = g_policy_epoch.load(std::memory_order_acquire);
   const Chain* chain;
-  if (remembered != nullptr && remembered->chain != nullptr && remembered->owner_serial == serial &&
-      remembered->epoch == epoch && remembered->policy_id == policy->id) {
+  if (remembered != nullptr && remembered->chain != nullptr &&
+      ((remembered->owner_serial ^ serial) | (remembered->epoch ^ epoch) | (remembered->policy_id ^ policy->id)) == 0) {
     chain = static_cast<const Chain*>(remembered->chain);
   } else {
-    CacheEntry* slot = cache ? &cache->entries[key.Hash() & (kCacheSlots - 1)] : nullptr;
-    if (slot != nullptr && slot->chain != nullptr && slot->key == key && slot->manager_serial == serial &&
-        slot->epoch == epoch && slot->policy_id == policy->id) {
-      chain = slot->chain;
-    } else {
-      chain = Resolve(op, frame, key, *policy, epoch, DeviceTypeOf(key), DescribeCall(op, ArgsOf(frame), false));
-      if (slot != nullptr) *slot = CacheEntry{key, serial, epoch, policy->id, chain};
-    }
-    if (remembered != nullptr) *remembered = ValidationMemo::Resolution{chain, serial, epoch, policy->id};
+    chain = LookUpChain(op, frame, key, remembered, cache, policy, epoch);
   }
-  if (!chain->error.empty()) return Status(chain->error_code, chain->error);
-
-  // The common case: not verbose, and the first candidate runs.
-  if ((VerboseFlagsNow() & kVerboseExec) == 0 && !chain->impls.empty()) {
-    const ImplRecord* r = chain->impls[0];
+  // The common case: not verbose, and the first candidate runs. (Logging
+  // was initialised with the manager, so the flags are read directly.)
+  const ImplRecord* r = chain->first;
+  if (r != nullptr && (logging_internal::g_verbose.load(std::memory_order_relaxed) & kVerboseExec) == 0) {
     tefl_status* st = r->impl.kernel(&frame, r->impl.user_data);
     if (st == nullptr) {
       if (last_used[size_t(op.id)].load(std::memory_order_relaxed) != r) NoteUsed(op, r);
@@ -461,7 +461,26 @@ __attribute__((always_inline)) inline Status OpManager::Rep::Dispatch(const OpSc
     }
     return RunChain(op, frame, key, *chain, st);
   }
+  if (!chain->error.empty()) return Status(chain->error_code, chain->error);
   return RunChain(op, frame, key, *chain, nullptr);
+}
+
+__attribute__((noinline)) const Chain* OpManager::Rep::LookUpChain(const OpSchema& op, const tefl_call_frame& frame,
+                                                                   const SigKey& key,
+                                                                   ValidationMemo::Resolution* remembered,
+                                                                   DispatchCache* cache, const PolicyRecord* policy,
+                                                                   uint64_t epoch) {
+  const Chain* chain;
+  CacheEntry* slot = cache ? &cache->entries[key.Hash() & (kCacheSlots - 1)] : nullptr;
+  if (slot != nullptr && slot->chain != nullptr && slot->key == key && slot->manager_serial == serial &&
+      slot->epoch == epoch && slot->policy_id == policy->id) {
+    chain = slot->chain;
+  } else {
+    chain = Resolve(op, frame, key, *policy, epoch, DeviceTypeOf(key), DescribeCall(op, ArgsOf(frame), false));
+    if (slot != nullptr) *slot = CacheEntry{key, serial, epoch, policy->id, chain};
+  }
+  if (remembered != nullptr) *remembered = ValidationMemo::Resolution{chain, serial, epoch, policy->id};
+  return chain;
 }
 
 void OpManager::Rep::NoteUsed(const OpSchema& op, const ImplRecord* r) {
@@ -607,6 +626,12 @@ struct PreparedCall::Rep {
   tefl_call_frame frame;  // its stream is set per run
   SigKey key{};
   ValidationMemo::Resolution resolution;
+  // The data pointers of the last run whose pointer checks all passed (full
+  // arity form), valid while last_checked: those checks are a pure function
+  // of the pointers and the prepared metadata, so a run on the same pointers
+  // skips them. Content checks (kOpChecksData) still run every time.
+  bool last_checked = false;
+  void* last_data[kMaxOpArgs];
 };
 
 Status OpManager::Prepare(int32_t op_id, std::span<const DLTensor* const> inputs, std::span<DLTensor* const> outputs,
@@ -708,7 +733,44 @@ inline bool AnyOverlap(int nin, int n, const uintptr_t* lo, const uintptr_t* hi)
 }
 }  // namespace
 
+// The rest of a run once the pointers passed their checks (just now, or on
+// an earlier run with the same pointers): content checks, then dispatch.
+namespace {
+// Whether now[i] == last[i] for every i.
+__attribute__((always_inline)) inline bool SamePointers(std::span<void* const> now, void* const* last) {
+  for (size_t i = 0; i < now.size(); ++i)
+    if (now[i] != last[i]) return false;
+  return true;
+}
+}  // namespace
+
+__attribute__((always_inline)) inline Status PreparedCall::RunChecked(void* stream) {
+  Rep& p = *rep_;
+  const OpSchema& op = *p.op;
+  if ((op.flags & kOpChecksData) && op.check_shapes != nullptr) {
+    const CallArgs args{p.inputs, p.num_inputs, p.outputs, p.num_outputs, p.frame.attrs};
+    if (tefl_status* err = op.check_shapes(op, args)) return Status::FromC(err);
+  }
+  p.frame.stream = stream;
+  return p.manager->rep_->Dispatch(op, p.frame, p.key, &p.resolution, nullptr);
+}
+
 Status PreparedCall::Run(std::span<void* const> input_data, std::span<void* const> output_data, void* stream) {
+  // The steady state of a training loop: the full argument form on the same
+  // buffers as the last run, whose pointer checks passed.
+  const Rep* r = rep_.get();
+  if (r != nullptr && r->last_checked && input_data.size() == size_t(r->num_inputs) &&
+      output_data.size() == size_t(r->num_outputs)) {
+    if (SamePointers(input_data, r->last_data) && SamePointers(output_data, r->last_data + r->num_inputs))
+      return RunChecked(stream);
+  }
+  return RunFull(input_data, output_data, stream);
+}
+
+// Every other run: the pointer checks, then RunChecked (or OpManager::Call
+// for an error or an alias, which reports it exactly as a call would).
+__attribute__((noinline)) Status PreparedCall::RunFull(std::span<void* const> input_data,
+                                                       std::span<void* const> output_data, void* stream) {
   if (rep_ == nullptr) return Status(TEFL_FAILED_PRECONDITION, "PreparedCall::Run: the call was not prepared");
   Rep& p = *rep_;
   const OpSchema& op = *p.op;
@@ -722,6 +784,7 @@ Status PreparedCall::Run(std::span<void* const> input_data, std::span<void* cons
                               "got {} and {}",
                               op.name, nin, p.num_outputs, gin, gout));
   }
+  p.last_checked = false;
   uintptr_t lo[kMaxOpArgs], hi[kMaxOpArgs];
   uint64_t bad = 0;  // any NULL or misaligned data of a non-empty tensor
   uint64_t absent_given = 0;
@@ -752,12 +815,12 @@ Status PreparedCall::Run(std::span<void* const> input_data, std::span<void* cons
     return p.manager->Call(op.id, std::span<const DLTensor* const>(p.inputs, size_t(nin)),
                            std::span<DLTensor* const>(p.outputs, size_t(p.num_outputs)), p.frame.attrs, stream);
   }
-  if ((op.flags & kOpChecksData) && op.check_shapes != nullptr) {
-    const CallArgs args{p.inputs, nin, p.outputs, p.num_outputs, p.frame.attrs};
-    if (tefl_status* err = op.check_shapes(op, args)) return Status::FromC(err);
+  if (!first_form) {
+    for (int i = 0; i < nin; ++i) p.last_data[i] = input_data[size_t(i)];
+    for (int i = nin; i < n; ++i) p.last_data[i] = output_data[size_t(i - nin)];
+    p.last_checked = true;
   }
-  p.frame.stream = stream;
-  return p.manager->rep_->Dispatch(op, p.frame, p.key, &p.resolution, nullptr);
+  return RunChecked(stream);
 }
 
 }  // namespace tefl

@@ -302,7 +302,8 @@ SelectionPolicy SelectionPolicy::WithDeniedVendors(const std::set<std::string>& 
 
 // ---- interning, global, scoped ----------------------------------------------------
 std::atomic<uint64_t> g_policy_epoch{1};
-thread_local ThreadState t_thread_state __attribute__((tls_model("initial-exec"))) = {nullptr, nullptr};
+constinit thread_local ThreadState t_thread_state __attribute__((tls_model("initial-exec"))) = {nullptr, nullptr};
+std::atomic<const PolicyRecord*> g_global_policy{nullptr};
 
 namespace {
 std::mutex g_intern_mu;
@@ -310,7 +311,6 @@ std::unordered_map<std::string, std::unique_ptr<PolicyRecord>>& InternTable() {
   static auto* table = new std::unordered_map<std::string, std::unique_ptr<PolicyRecord>>();  // never freed
   return *table;
 }
-std::atomic<const PolicyRecord*> g_global{nullptr};
 std::once_flag g_global_once;
 
 const PolicyRecord* PolicyFromEnvLogged() {
@@ -339,27 +339,25 @@ const PolicyRecord* InternPolicy(const SelectionPolicy& policy) {
   return out;
 }
 
-const PolicyRecord* GlobalPolicyRecord() {
-  const PolicyRecord* p = g_global.load(std::memory_order_acquire);
-  if (p) return p;
+const PolicyRecord* GlobalPolicyRecordFirstUse() {
   std::call_once(g_global_once, [] {
     const PolicyRecord* expected = nullptr;
-    g_global.compare_exchange_strong(expected, PolicyFromEnvLogged());
+    g_global_policy.compare_exchange_strong(expected, PolicyFromEnvLogged());
   });
-  return g_global.load(std::memory_order_acquire);
+  return g_global_policy.load(std::memory_order_acquire);
 }
 
 SelectionPolicy GetPolicy() { return EffectivePolicy()->policy; }
 
 void SetGlobalPolicy(const SelectionPolicy& policy) {
   GlobalPolicyRecord();  // the env is read once, before any override
-  g_global.store(InternPolicy(policy), std::memory_order_release);
+  g_global_policy.store(InternPolicy(policy), std::memory_order_release);
   BumpPolicyEpoch();
 }
 
 void ResetGlobalPolicy() {
   GlobalPolicyRecord();
-  g_global.store(PolicyFromEnvLogged(), std::memory_order_release);
+  g_global_policy.store(PolicyFromEnvLogged(), std::memory_order_release);
   BumpPolicyEpoch();
 }
 

@@ -23,7 +23,15 @@ struct PolicyRecord {
 
 // Interns a policy (same fingerprint → same record).
 const PolicyRecord* InternPolicy(const SelectionPolicy& policy);
-const PolicyRecord* GlobalPolicyRecord();
+
+// The process-wide policy (NULL until first use: then read from the
+// environment, once, by GlobalPolicyRecordFirstUse).
+extern std::atomic<const PolicyRecord*> g_global_policy;
+const PolicyRecord* GlobalPolicyRecordFirstUse();
+inline const PolicyRecord* GlobalPolicyRecord() {
+  const PolicyRecord* p = g_global_policy.load(std::memory_order_acquire);
+  return p ? p : GlobalPolicyRecordFirstUse();
+}
 
 extern std::atomic<uint64_t> g_policy_epoch;
 
@@ -35,7 +43,7 @@ struct ThreadState {
   const PolicyRecord* override_policy;
   DispatchCache* cache;
 };
-extern thread_local ThreadState t_thread_state __attribute__((tls_model("initial-exec")));
+extern constinit thread_local ThreadState t_thread_state __attribute__((tls_model("initial-exec")));
 
 inline const PolicyRecord* EffectivePolicy(const ThreadState& ts) {
   const PolicyRecord* p = ts.override_policy;
