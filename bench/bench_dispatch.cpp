@@ -5,8 +5,10 @@
 //   BM_ValidateMemo     the same through the per-thread memo (a hit)
 //   BM_ManagerCall      the whole typed call (memo validation + cached
 //                       resolution + indirect call) to the same no-op kernel
-//   BM_PreparedRun      the same call prepared once, run with its data
-//                       pointers (pointer checks + remembered chain + call)
+//   BM_PreparedRun      the same call prepared once, run on the same data
+//                       pointers each time (remembered pointers + chain + call)
+//   BM_PreparedRunNewPointers  the same, alternating between two sets of
+//                       buffers, so every run does the full pointer checks
 // Resolution and the rest = ManagerCall - ValidateMemo - KernelDirect. Also
 // the real portable kernel on the tiny tensor, direct and through the manager.
 #include <benchmark/benchmark.h>
@@ -97,6 +99,21 @@ void BM_PreparedRun(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(call.Run(in, out));
 }
 BENCHMARK(BM_PreparedRun);
+
+void BM_PreparedRunNewPointers(benchmark::State& state) {
+  TinyCall c, d;
+  tefl::PreparedCall call;
+  if (!NoopManager().Prepare(TEFL_OP_RMSNORM_FWD, c.in, c.out, &c.attrs, &call).ok())
+    state.SkipWithError("prepare failed");
+  void* in[2][2] = {{c.x.data(), c.g.data()}, {d.x.data(), d.g.data()}};
+  void* out[2][2] = {{c.z.data(), c.rs.data()}, {d.z.data(), d.rs.data()}};
+  int k = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(call.Run(in[k], out[k]));
+    k ^= 1;
+  }
+}
+BENCHMARK(BM_PreparedRunNewPointers);
 
 void BM_PortableDirect(benchmark::State& state) {
   TinyCall c;

@@ -57,6 +57,16 @@ __attribute__((noinline)) int LoopPreparedRun(TinyCall& c, tefl::PreparedCall& c
   return errors;
 }
 
+// The same, alternating between two sets of buffers: the full pointer checks
+// on every run.
+__attribute__((noinline)) int LoopPreparedRunNewPointers(TinyCall& c, TinyCall& d, tefl::PreparedCall& call) {
+  void* in[2][2] = {{c.x.data(), c.g.data()}, {d.x.data(), d.g.data()}};
+  void* out[2][2] = {{c.z.data(), c.rs.data()}, {d.z.data(), d.rs.data()}};
+  int errors = 0;
+  for (int i = 0; i < kCalls; ++i) errors += !call.Run(in[i & 1], out[i & 1]).ok();
+  return errors;
+}
+
 __attribute__((noinline)) int LoopKernelDirect(TinyCall& c) {
   int errors = 0;
   for (int i = 0; i < kCalls; ++i) errors += NoopKernel(&c.frame, nullptr) != nullptr;
@@ -74,7 +84,7 @@ int main() {
   impl.kernel = NoopKernel;
   if (!registry.RegisterImpl(impl).ok()) return 1;
   tefl::OpManager manager(&registry);
-  TinyCall c;
+  TinyCall c, d;
   tefl::CallOptions opts;
   opts.manager = &manager;
   if (!tefl::rmsnorm_fwd(c.tx, c.tg, 1e-5f, c.tz, c.trs, opts).ok()) return 1;  // warm: resolve once
@@ -82,7 +92,7 @@ int main() {
   tefl::PreparedCall prepared;
   if (!manager.Prepare(TEFL_OP_RMSNORM_FWD, c.in, c.out, &c.attrs, &prepared).ok()) return 1;
   const int errors = LoopValidate(c) + LoopValidateMemo(c, memo.get()) + LoopManagerCall(c, manager) +
-                     LoopPreparedRun(c, prepared) + LoopKernelDirect(c);
+                     LoopPreparedRun(c, prepared) + LoopPreparedRunNewPointers(c, d, prepared) + LoopKernelDirect(c);
   std::printf("%d calls per loop, %d errors\n", kCalls, errors);
   return errors != 0;
 }

@@ -709,13 +709,14 @@ PreparedCall& PreparedCall::operator=(PreparedCall&&) noexcept = default;
 std::string_view PreparedCall::op_name() const { return rep_ ? std::string_view(rep_->op->name) : std::string_view(); }
 
 namespace {
-// One argument of a prepared run: its new data pointer, the pointer checks
+// One argument of a prepared run: its new data pointer (also kept in *last), the pointer checks
 // (accumulated into *bad) and its byte range ([0, 0) when empty or absent).
 // *absent_given collects the pointers given for absent arguments (must be 0).
-inline void SetPreparedArg(const PreparedCall::Rep::Arg& a, void* data, uint64_t* bad, uint64_t* absent_given,
-                           uintptr_t* lo, uintptr_t* hi) {
+inline void SetPreparedArg(const PreparedCall::Rep::Arg& a, void* data, void** last, uint64_t* bad,
+                           uint64_t* absent_given, uintptr_t* lo, uintptr_t* hi) {
   const auto bits = reinterpret_cast<uintptr_t>(data);
   a.tensor->data = data;
+  *last = data;
   *absent_given |= bits & a.absent_mask;
   const uintptr_t base = bits + a.byte_offset;
   *bad |= (uint64_t(bits == 0) | (base & a.align_mask)) & a.range_mask;
@@ -793,11 +794,13 @@ __attribute__((noinline)) Status PreparedCall::RunFull(std::span<void* const> in
     return size_t(i - nin) < gout ? output_data[size_t(i - nin)] : nullptr;
   };
   if (!first_form) {
-    for (int i = 0; i < nin; ++i) SetPreparedArg(p.args[i], input_data[size_t(i)], &bad, &absent_given, &lo[i], &hi[i]);
+    for (int i = 0; i < nin; ++i)
+      SetPreparedArg(p.args[i], input_data[size_t(i)], &p.last_data[i], &bad, &absent_given, &lo[i], &hi[i]);
     for (int i = nin; i < n; ++i)
-      SetPreparedArg(p.args[i], output_data[size_t(i - nin)], &bad, &absent_given, &lo[i], &hi[i]);
+      SetPreparedArg(p.args[i], output_data[size_t(i - nin)], &p.last_data[i], &bad, &absent_given, &lo[i], &hi[i]);
   } else {
-    for (int i = 0; i < n; ++i) SetPreparedArg(p.args[i], data_at(i), &bad, &absent_given, &lo[i], &hi[i]);
+    for (int i = 0; i < n; ++i)
+      SetPreparedArg(p.args[i], data_at(i), &p.last_data[i], &bad, &absent_given, &lo[i], &hi[i]);
   }
   if (absent_given != 0) {
     for (int i = 0; i < n; ++i) {
@@ -815,11 +818,7 @@ __attribute__((noinline)) Status PreparedCall::RunFull(std::span<void* const> in
     return p.manager->Call(op.id, std::span<const DLTensor* const>(p.inputs, size_t(nin)),
                            std::span<DLTensor* const>(p.outputs, size_t(p.num_outputs)), p.frame.attrs, stream);
   }
-  if (!first_form) {
-    for (int i = 0; i < nin; ++i) p.last_data[i] = input_data[size_t(i)];
-    for (int i = nin; i < n; ++i) p.last_data[i] = output_data[size_t(i - nin)];
-    p.last_checked = true;
-  }
+  p.last_checked = !first_form;  // last_data holds this run's pointers
   return RunChecked(stream);
 }
 
