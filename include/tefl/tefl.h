@@ -263,9 +263,10 @@ TEFL_API tefl_status* tefl_call(int32_t op_id, const DLTensor* const* inputs, in
  * data pointers only (tefl_prepared_call_run: one pointer per argument in the
  * op's order, NULL for an argument absent at preparation). A run re-checks
  * what depends on the pointers (NULL, alignment, overlap, contents the op's
- * validation reads), resolves under the policy in force (cached until it
- * changes) and falls back like tefl_call, with tefl_call's errors. One thread
- * at a time per prepared call. Uses the default manager. */
+ * validation reads; a run on the same pointers as the last run that passed
+ * those checks skips the pointer part), resolves under the policy in force
+ * (cached until it changes) and falls back like tefl_call, with tefl_call's
+ * errors. One thread at a time per prepared call. Uses the default manager. */
 typedef struct tefl_prepared_call tefl_prepared_call;
 TEFL_API tefl_status* tefl_prepare_call(int32_t op_id, const DLTensor* const* inputs, int32_t num_inputs,
                                         DLTensor* const* outputs, int32_t num_outputs, const void* attrs,

@@ -276,7 +276,9 @@ class OpManager {
 // in the op's order (NULL for an optional argument that was absent at
 // Prepare), and then does what OpManager::Call does with them: it re-checks
 // what depends on the pointers (NULL data, alignment, overlap; the contents of
-// tensors the op reads during validation, such as cu_seqlens), resolves under
+// tensors the op reads during validation, such as cu_seqlens; a run on the
+// same pointers as the last run that passed the pointer checks skips those,
+// which depend on nothing else, but not the content checks), resolves under
 // the policy in force at the time of the run (the chain is kept until the
 // policy, the registry or a demotion changes), runs the chain with fallback,
 // and reports the same errors, before any output is written. Not for
