@@ -1,6 +1,7 @@
 // The one place that lists the in-tree backends (explicit, ordered; no
 // static registration objects).
 #include "backends/backends.h"
+#include "backends/portable/cpu_paths.h"
 
 namespace tefl::backends {
 
@@ -33,6 +34,7 @@ tefl_status* RegisterBuiltinBackends(const tefl_registrar& registrar) {
       RegisterReferenceQuantization,  RegisterPortableQuantization,  RegisterReferenceGemm,
       RegisterPortableGemm,
   };
+  ApplyMaxCpuIsa();  // before any portable kernel can run
   for (RegisterFn fn : kFamilies) {
     if (tefl_status* s = fn(registrar)) return s;
   }

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <memory>
 
+#include "backends/portable/cpu_paths.h"
 #include "check/cases.h"
 #include "cli_support.h"
 #include "core/thread_pool.h"
@@ -184,12 +185,15 @@ void AddBenchCommand(CLI::App& app) {
       }
     }
     if (progress) std::fprintf(stderr, "\r\033[K");
-    nlohmann::json j = {{"copy_gbps", copy_bps / 1e9}, {"threads", ThreadPoolSize()}, {"results", rows}};
+    const char* target = backends::PortableTargetName();
+    nlohmann::json j = {
+        {"copy_gbps", copy_bps / 1e9}, {"threads", ThreadPoolSize()}, {"portable_target", target}, {"results", rows}};
     if (args->json) {
       std::printf("%s\n", j.dump(2).c_str());
     } else {
-      std::printf("copy bandwidth (parallel memcpy, 256 MiB, %d threads): %.1f GB/s\n%s", ThreadPoolSize(),
-                  copy_bps / 1e9, t.ToString().c_str());
+      std::printf(
+          "copy bandwidth (parallel memcpy, 256 MiB, %d threads): %.1f GB/s; default.portable's CPU target: %s\n%s",
+          ThreadPoolSize(), copy_bps / 1e9, target, t.ToString().c_str());
     }
     if (!args->plot.empty()) {
       const std::string script = PlotScript();

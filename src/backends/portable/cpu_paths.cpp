@@ -1,7 +1,14 @@
 #include "backends/portable/cpu_paths.h"
 
+#include <hwy/targets.h>
+
 #include <atomic>
+#include <cctype>
 #include <cstdlib>
+#include <mutex>
+#include <string>
+
+#include "core/logging.h"
 
 namespace tefl::backends {
 namespace {
@@ -22,11 +29,48 @@ std::atomic<int> g_state[size_t(PortablePath::kCount)] = {-1, -1, -1};
 
 }  // namespace
 
+CpuIsaCap ApplyMaxCpuIsa() {
+  static const CpuIsaCap cap = [] {
+    CpuIsaCap c = CpuIsaCap::kAvx512;
+    const char* env = std::getenv("TEFL_MAX_CPU_ISA");
+    std::string v = env ? env : "";
+    for (char& ch : v) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+    if (v.empty() || v == "avx512") {
+      c = CpuIsaCap::kAvx512;
+    } else if (v == "avx2") {
+      c = CpuIsaCap::kAvx2;
+    } else if (v == "sse4") {
+      c = CpuIsaCap::kSse4;
+    } else if (v == "baseline") {
+      c = CpuIsaCap::kBaseline;
+    } else {
+      TEFL_LOG(WARNING, "TEFL_MAX_CPU_ISA='{}' is not one of avx512, avx2, sse4, baseline; ignored", env);
+    }
+#if HWY_ARCH_X86
+    // Highway orders targets best first by bit value: disable the bits below
+    // the cap (the baseline target itself cannot be disabled).
+    int64_t disabled = 0;
+    if (c == CpuIsaCap::kAvx2) disabled = HWY_AVX2 - 1;
+    if (c == CpuIsaCap::kSse4) disabled = HWY_SSE4 - 1;
+    if (c == CpuIsaCap::kBaseline) disabled = HWY_STATIC_TARGET - 1;
+    if (disabled != 0) hwy::DisableTargets(disabled);
+#endif
+    return c;
+  }();
+  return cap;
+}
+
+const char* PortableTargetName() {
+  ApplyMaxCpuIsa();
+  const int64_t targets = hwy::SupportedTargets() & HWY_TARGETS;
+  return hwy::TargetName(targets & -targets);  // the best one: the lowest bit
+}
+
 bool CpuHasAvx512Bf16() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-                          __builtin_cpu_supports("avx512bf16");
+  static const bool has = ApplyMaxCpuIsa() == CpuIsaCap::kAvx512 && __builtin_cpu_supports("avx512f") &&
+                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bf16");
   return has;
 #else
   return false;

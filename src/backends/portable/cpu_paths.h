@@ -17,7 +17,21 @@ enum class PortablePath : int {
   kCount
 };
 
-// AVX512-F/BW/VL/DQ and AVX512-BF16 (x86-64 with GCC or clang; else false).
+// TEFL_MAX_CPU_ISA caps the instruction set default.portable uses, as
+// ONEDNN_MAX_CPU_ISA does for oneDNN: `avx512` (the default: whatever the CPU
+// has), `avx2`, `sse4`, or `baseline` (the build's baseline target). Read
+// once, on the first call of ApplyMaxCpuIsa or CpuHasAvx512Bf16; it removes
+// the better Highway targets from dynamic dispatch (hwy::DisableTargets) and,
+// below avx512, turns off the own AVX512-BF16 kernels. An unknown value logs
+// a WARNING and is ignored. Lets a machine with AVX-512 test the code paths
+// of one without it.
+enum class CpuIsaCap : int { kBaseline, kSse4, kAvx2, kAvx512 };
+CpuIsaCap ApplyMaxCpuIsa();  // idempotent; called before any kernel runs
+// The Highway target that dynamic dispatch picks now (e.g. "AVX3_DL").
+const char* PortableTargetName();
+
+// AVX512-F/BW/VL/DQ and AVX512-BF16 (x86-64 with GCC or clang; else false),
+// and TEFL_MAX_CPU_ISA allows AVX-512.
 bool CpuHasAvx512Bf16();
 bool PortablePathOn(PortablePath path);
 void ReloadPortableSwitches();
