@@ -545,11 +545,8 @@ TEST(AttentionBf16Dot, MatchesTheFp32ProductsOnTheSameInputs) {
   const char* kPortable = "default.portable";
   const std::vector<std::string> impls = CpuImplementations("fused_attn_bwd");
   if (std::find(impls.begin(), impls.end(), kPortable) == impls.end()) GTEST_SKIP() << "no default.portable";
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  const bool has_dot = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
-#else
-  const bool has_dot = false;
-#endif
+  // The CPU has vdpbf16ps and TEFL_MAX_CPU_ISA allows it.
+  const bool has_dot = tefl::backends::CpuHasAvx512Bf16();
   struct C {
     int32_t format, mask;
     int64_t sq, sk, hq, hkv, dqk, dv;

@@ -136,7 +136,17 @@ template <bool kFast = false>
 HWY_INLINE V Recip12(D d, V v) {  // 1 / v for v in [1, 2]
   const V r0 = hn::ApproximateReciprocal(v);
   if constexpr (kFast) return r0;
-  return hn::Mul(r0, hn::NegMulAdd(v, r0, hn::Set(d, 2.0f)));
+  const V r1 = hn::Mul(r0, hn::NegMulAdd(v, r0, hn::Set(d, 2.0f)));
+#if HWY_TARGET > HWY_AVX3
+  // Below AVX-512 the estimate has 12 bits (rcpps: 1/1 is 0.99976), one step
+  // leaves ~1 ulp and sigmoid(large u) just under 1 (gelu(1e30) != 1e30); a
+  // second step in the form r + r (1 - v r), whose residual the FMA keeps
+  // exact, makes 1/1 exactly 1 (r (2 - v r) cannot: 2 - v r rounds to 1).
+  // vrcp14ps needs one step.
+  return hn::MulAdd(r1, hn::NegMulAdd(v, r1, hn::Set(d, 1.0f)), r1);
+#else
+  return r1;
+#endif
 }
 
 template <bool kFast = false>

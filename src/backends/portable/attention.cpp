@@ -243,9 +243,10 @@ TEFL_BF16_TARGET void DotGemm(const uint32_t* __restrict A, size_t lda, const ui
     _mm512_storeu_ps(dst, v);                                    \
   }
       TEFL_DOT_STORE(0, 0)
-      TEFL_DOT_STORE(0, 1) TEFL_DOT_STORE(0, 2) TEFL_DOT_STORE(0, 3) TEFL_DOT_STORE(1, 0) TEFL_DOT_STORE(1, 1)
-          TEFL_DOT_STORE(1, 2) TEFL_DOT_STORE(1, 3) TEFL_DOT_STORE(2, 0) TEFL_DOT_STORE(2, 1) TEFL_DOT_STORE(2, 2)
-              TEFL_DOT_STORE(2, 3) TEFL_DOT_STORE(3, 0) TEFL_DOT_STORE(3, 1) TEFL_DOT_STORE(3, 2) TEFL_DOT_STORE(3, 3)
+      TEFL_DOT_STORE(0, 1)
+      TEFL_DOT_STORE(0, 2) TEFL_DOT_STORE(0, 3) TEFL_DOT_STORE(1, 0) TEFL_DOT_STORE(1, 1) TEFL_DOT_STORE(1, 2)
+          TEFL_DOT_STORE(1, 3) TEFL_DOT_STORE(2, 0) TEFL_DOT_STORE(2, 1) TEFL_DOT_STORE(2, 2) TEFL_DOT_STORE(2, 3)
+              TEFL_DOT_STORE(3, 0) TEFL_DOT_STORE(3, 1) TEFL_DOT_STORE(3, 2) TEFL_DOT_STORE(3, 3)
 #undef TEFL_DOT_STORE
     }
   }
@@ -460,13 +461,13 @@ HWY_NOINLINE void Gemm(const float* HWY_RESTRICT A, size_t lda, const float* HWY
 // ~2e-7): x clamped to >= -88 (e^x = 0 there, so -inf gives 0), reduced to
 // r = x - n ln 2, then times 2^n built from the bits. On x86 Max(c, x)
 // returns x when x is NaN, so NaN passes through (hn::Exp maps NaN to 0);
-// elsewhere an explicit select keeps it.
+// elsewhere (and on x86's scalar and EMU128 targets) an explicit select keeps it.
 HWY_INLINE hn::Vec<DF> ExpNaN(DF df, hn::Vec<DF> x) {
   const hn::RebindToSigned<DF> di;
   const auto kLow = hn::Set(df, -88.0f);
-#if HWY_ARCH_X86
-  x = hn::Max(kLow, x);
-#else
+#if HWY_ARCH_X86 && HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128
+  x = hn::Max(kLow, x);  // maxps/vmaxps: x when x is NaN
+#else                    // the emulated targets' Max need not keep NaN
   x = hn::IfThenElse(hn::Lt(x, kLow), kLow, x);
 #endif
   const auto kMagic = hn::Set(df, 12582912.0f);  // 1.5 * 2^23

@@ -172,7 +172,8 @@ HWY_INLINE float ScoreRow(const TX* HWY_RESTRICT x, const uint8_t* HWY_RESTRICT 
 // then times 2^n built from the bits. x is first clamped to >= -88, where n
 // = -127 and the 2^n bits are 0: e^x = 0 there, no compare needed. On x86
 // Max(c, x) returns x when x is NaN (maxps returns its second operand), so
-// NaN passes through; elsewhere an explicit select keeps it.
+// NaN passes through; elsewhere (and on x86's scalar and EMU128 targets) an
+// explicit select keeps it.
 // Cheaper than hn::Exp (one 2^n instead of two, no float -> int conversion
 // with overflow fix-ups), and NaN stays NaN (hn::Exp maps NaN to 0).
 // AVX-512 targets clamp at -105 instead and scale with vscalefps (exact,
@@ -186,9 +187,9 @@ HWY_INLINE V ExpTaylor(DF df, V x) {
 #else
   const auto kLow = hn::Set(df, -88.0f);
 #endif
-#if HWY_ARCH_X86
-  x = hn::Max(kLow, x);
-#else
+#if HWY_ARCH_X86 && HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128
+  x = hn::Max(kLow, x);  // maxps/vmaxps: x when x is NaN
+#else                    // the emulated targets' Max need not keep NaN
   x = hn::IfThenElse(hn::Lt(x, kLow), kLow, x);
 #endif
   const auto kMagic = hn::Set(df, 12582912.0f);  // 1.5 * 2^23
