@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
@@ -21,7 +22,7 @@ class Pool {
   ~Pool() {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
+      stop_.store(true, std::memory_order_relaxed);
     }
     cv_.notify_all();
     for (auto& w : workers_) w.join();
@@ -35,13 +36,18 @@ class Pool {
     {
       std::lock_guard<std::mutex> lock(mu_);
       job_ = &job;
-      ++generation_;
+      generation_.store(generation_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
     }
     cv_.notify_all();
     Work(&job);
+    auto done = [&] {
+      return job.finished.load(std::memory_order_acquire) == job.chunks &&
+             job.active_workers.load(std::memory_order_acquire) == 0;
+    };
+    SpinUntil(done);
     std::unique_lock<std::mutex> lock(mu_);
     job_ = nullptr;
-    done_cv_.wait(lock, [&] { return job.finished == job.chunks && job.active_workers == 0; });
+    done_cv_.wait(lock, done);
   }
 
   std::mutex busy_;
@@ -52,9 +58,38 @@ class Pool {
     void* ctx;
     int64_t n, chunk, chunks;
     std::atomic<int64_t> next{0};
-    int64_t finished = 0;    // guarded by mu_
-    int active_workers = 0;  // guarded by mu_
+    // Written under mu_ (the condition variables' predicates); also read
+    // without it while spinning.
+    std::atomic<int64_t> finished{0};
+    std::atomic<int> active_workers{0};
   };
+
+  // Spins (with a pause) until pred() or about kSpinMicros have passed.
+  // Successive kernels are back to back in a training step: a thread that
+  // stays awake that long takes the next job without the futex wake-up and
+  // reschedule (tens of microseconds on this VM, more than a small kernel),
+  // as OpenMP runtimes do (GOMP_SPINCOUNT, KMP_BLOCKTIME). After that it
+  // blocks on the condition variable and costs nothing.
+  static constexpr int kSpinMicros = 100;
+  template <class Pred>
+  static bool SpinUntil(Pred pred) {
+    if (pred()) return true;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicros);
+    for (;;) {
+      for (int i = 0; i < 32; ++i) {
+        if (pred()) return true;
+        CpuRelax();
+      }
+      if (std::chrono::steady_clock::now() >= deadline) return pred();
+    }
+  }
+  static void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+  }
 
   void Work(Job* job) {
     int64_t finished = 0;
@@ -66,26 +101,30 @@ class Pool {
       ++finished;
     }
     std::lock_guard<std::mutex> lock(mu_);
-    job->finished += finished;
-    if (job->finished == job->chunks) done_cv_.notify_all();
+    const int64_t total = job->finished.load(std::memory_order_relaxed) + finished;
+    job->finished.store(total, std::memory_order_release);
+    if (total == job->chunks) done_cv_.notify_all();
   }
   void WorkerLoop() {
     uint64_t seen = 0;
     for (;;) {
       Job* job = nullptr;
+      SpinUntil(
+          [&] { return stop_.load(std::memory_order_relaxed) || generation_.load(std::memory_order_acquire) != seen; });
       {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
-        if (stop_) return;
-        seen = generation_;
+        cv_.wait(lock, [&] { return stop_.load(std::memory_order_relaxed) || generation_.load() != seen; });
+        if (stop_.load(std::memory_order_relaxed)) return;
+        seen = generation_.load(std::memory_order_relaxed);
         job = job_;
         if (job == nullptr) continue;  // that job already completed
-        ++job->active_workers;
+        job->active_workers.store(job->active_workers.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
       }
       Work(job);
       std::lock_guard<std::mutex> lock(mu_);
-      --job->active_workers;
-      if (job->active_workers == 0) done_cv_.notify_all();
+      const int active = job->active_workers.load(std::memory_order_relaxed) - 1;
+      job->active_workers.store(active, std::memory_order_release);
+      if (active == 0) done_cv_.notify_all();
     }
   }
 
@@ -93,8 +132,9 @@ class Pool {
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable cv_, done_cv_;
-  bool stop_ = false;
-  uint64_t generation_ = 0;
+  // Written under mu_; also read without it while spinning.
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> generation_{0};
   Job* job_ = nullptr;  // the job in progress, guarded by mu_
 };
 
