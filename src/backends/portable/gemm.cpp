@@ -330,6 +330,7 @@ struct Bf16Job {
   uint16_t* out16;    // direct bf16 output [M, N] (then c is unused), or NULL
   const float* bias;  // [N] fp32 added before the bf16 rounding, or NULL
   int64_t m_blocks, n_panels, m_supers, n_groups;
+  bool row_a = false;            // the tiles read row-major A in place (A not packed)
   std::atomic<bool> hit{false};  // packing saw a subnormal bf16 value
 };
 
@@ -519,14 +520,21 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline __m256i R
 // C[rows, cols] (ld ldc) = alpha * (A tile . B panel) + beta * C; with out16,
 // instead out16[rows, cols] (ld ldc) = bf16(alpha * (A tile . B panel) +
 // bias) and C is not touched.
+// kRowA: ap is row-major A itself (no transa, even K, 4-byte aligned: the
+// K pair (2p, 2p + 1) of row r is the word ap[r * lda_w + p]); rows past
+// `rows` re-read the last valid row (never past A), their sums discarded.
+template <bool kRowA>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void Bf16Tile(const uint32_t* ap, const uint32_t* bp,
                                                                               int64_t kp, float* c, int64_t ldc,
                                                                               int rows, int cols, float alpha,
                                                                               float beta, uint16_t* out16,
-                                                                              const float* bias) {
+                                                                              const float* bias, int64_t lda_w = 0) {
   // 16 named accumulators: an array indexed in a loop would live on the stack.
   __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00;
   __m512 c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00;
+  const uint32_t* ar[kMR];
+  if constexpr (kRowA)
+    for (int r = 0; r < kMR; ++r) ar[r] = ap + std::min(r, rows - 1) * lda_w;
   for (int64_t p = 0; p < kp; ++p) {
     const __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + p * kNR);
     const __m512bh b1 = (__m512bh)_mm512_loadu_si512(bp + p * kNR + 16);
@@ -534,12 +542,18 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void Bf16Tile(co
     // A's block streams from L3 on its first use (B's panel group stays in
     // L2): fetch it kAPrefetch pairs ahead (measured +2-4 %). An address
     // past the block is harmless for a prefetch (no fault, no access).
-    __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(a) + kAPrefetch * kMR * 4), 0, 3);
-#define TEFL_BF16_ROW(r)                                        \
-  {                                                             \
-    const __m512bh av = (__m512bh)_mm512_set1_epi32(int(a[r])); \
-    c##r##0 = _mm512_dpbf16_ps(c##r##0, av, b0);                \
-    c##r##1 = _mm512_dpbf16_ps(c##r##1, av, b1);                \
+    if constexpr (kRowA) {
+      // one of the 8 rows per step: each row's line is fetched twice ahead
+      __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(ar[p & 7] + p) + 2 * kAPrefetch * 4),
+                         0, 3);
+    } else {
+      __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(a) + kAPrefetch * kMR * 4), 0, 3);
+    }
+#define TEFL_BF16_ROW(r)                                                           \
+  {                                                                                \
+    const __m512bh av = (__m512bh)_mm512_set1_epi32(int(kRowA ? ar[r][p] : a[r])); \
+    c##r##0 = _mm512_dpbf16_ps(c##r##0, av, b0);                                   \
+    c##r##1 = _mm512_dpbf16_ps(c##r##1, av, b1);                                   \
   }
     TEFL_BF16_ROW(0)
     TEFL_BF16_ROW(1)
@@ -607,7 +621,8 @@ void Bf16ComputeBody(void* ctx, int64_t begin, int64_t end) {
         for (int64_t blk = b0; blk < b1; ++blk) {
           const uint32_t* ap = g.ap + size_t(blk) * size_t(g.kp) * kMR + size_t(k0) * kMR;
           const int rows = int(std::min<int64_t>(kMR, g.m - blk * kMR));
-          Bf16Tile(ap, bp, kc, g.c + blk * kMR * g.n + pan * kNR, g.n, rows, cols, g.alpha, beta, nullptr, nullptr);
+          Bf16Tile<false>(ap, bp, kc, g.c + blk * kMR * g.n + pan * kNR, g.n, rows, cols, g.alpha, beta, nullptr,
+                          nullptr);
         }
       }
     }
@@ -624,12 +639,19 @@ void Bf16DirectBody(void* ctx, int64_t begin, int64_t end) {
     const int64_t p0 = grp * kGroupPanels, p1 = std::min(g.n_panels, p0 + kGroupPanels);
     const int64_t b0 = sup * blocks_per_super, b1 = std::min(g.m_blocks, b0 + blocks_per_super);
     for (int64_t blk = b0; blk < b1; ++blk) {
-      const uint32_t* ap = g.ap + size_t(blk) * size_t(g.kp) * kMR;
       const int rows = int(std::min<int64_t>(kMR, g.m - blk * kMR));
       for (int64_t pan = p0; pan < p1; ++pan) {
         const int cols = int(std::min<int64_t>(kNR, g.n - pan * kNR));
-        Bf16Tile(ap, g.bp + size_t(pan) * size_t(g.kp) * kNR, g.kp, nullptr, g.n, rows, cols, g.alpha, 0.0f,
-                 g.out16 + blk * kMR * g.n + pan * kNR, g.bias ? g.bias + pan * kNR : nullptr);
+        const uint32_t* bp = g.bp + size_t(pan) * size_t(g.kp) * kNR;
+        uint16_t* out = g.out16 + blk * kMR * g.n + pan * kNR;
+        const float* bias = g.bias ? g.bias + pan * kNR : nullptr;
+        if (g.row_a) {
+          Bf16Tile<true>(reinterpret_cast<const uint32_t*>(g.a + blk * kMR * g.k), bp, g.kp, nullptr, g.n, rows, cols,
+                         g.alpha, 0.0f, out, bias, g.kp);
+        } else {
+          Bf16Tile<false>(g.ap + size_t(blk) * size_t(g.kp) * kMR, bp, g.kp, nullptr, g.n, rows, cols, g.alpha, 0.0f,
+                          out, bias);
+        }
       }
     }
   }
@@ -734,7 +756,10 @@ void Bf16FusedBody(void* ctx, int64_t, int64_t) {
   Bf16Job& g = *x.g;
   const int64_t blocks_per_super = kSuperRows / kMR;
   for (int64_t u; (u = x.next_unit.fetch_add(1, std::memory_order_relaxed)) < x.units;) {
-    if (u < x.a_units) {
+    if (u < x.a_units && g.row_a) {  // A read in place: only its subnormal check
+      const int64_t r0 = u * kSuperRows, r1 = std::min(g.m, r0 + kSuperRows);
+      if (AnySubnormalBf16(g.a + r0 * g.k, (r1 - r0) * g.k)) g.hit.store(true, std::memory_order_relaxed);
+    } else if (u < x.a_units) {
       PackABody(&g, u * blocks_per_super, std::min(g.m_blocks, (u + 1) * blocks_per_super));
     } else {
       const int64_t v = u - x.a_units;
@@ -766,6 +791,7 @@ bool Bf16FusedDirect(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int6
   g.c = nullptr;
   g.out16 = out16;
   g.bias = bias;
+  g.row_a = !ta && k % 2 == 0 && reinterpret_cast<uintptr_t>(a) % 4 == 0;
   FusedCtx x;
   x.g = &g;
   x.a_units = g.m_supers;
