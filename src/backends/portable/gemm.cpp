@@ -506,17 +506,6 @@ void PackBBody(void* ctx, int64_t begin, int64_t end) {
 // shift/narrowing intrinsics as "maybe uninitialized" (a false positive).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-// bf16 bits of v rounded to nearest even (NaN: quiet, payload kept), as
-// dtype.h's FloatToBF16.
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline __m256i RoundToBf16(__m512 v) {
-  const __m512i u = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
-  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(u, _mm512_set1_epi32(0x400000)));
-  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
-}
-
 // C[rows, cols] (ld ldc) = alpha * (A tile . B panel) + beta * C; with out16,
 // instead out16[rows, cols] (ld ldc) = bf16(alpha * (A tile . B panel) +
 // bias) and C is not touched.
@@ -573,6 +562,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void Bf16Tile(co
   if (out16 != nullptr) {
     const __m512 bias0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
     const __m512 bias1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
+    const __mmask32 m32 = __mmask32(m0) | (__mmask32(m1) << 16);
     for (int r = 0; r < rows; ++r) {
       uint16_t* row = out16 + r * ldc;
       __m512 v0 = _mm512_mul_ps(acc[r][0], va), v1 = _mm512_mul_ps(acc[r][1], va);
@@ -580,8 +570,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void Bf16Tile(co
         v0 = _mm512_add_ps(v0, bias0);
         v1 = _mm512_add_ps(v1, bias1);
       }
-      _mm256_mask_storeu_epi16(row, m0, RoundToBf16(v0));
-      _mm256_mask_storeu_epi16(row + 16, m1, RoundToBf16(v1));
+      // vcvtne2ps2bf16: round to nearest even, NaN quieted with its payload
+      // kept (as FloatToBF16); an fp32 subnormal (|v| < 2^-126, only from
+      // alpha or bias: vdpbf16ps already flushes them) becomes 0.
+      _mm512_mask_storeu_epi16(row, m32, (__m512i)_mm512_cvtne2ps_pbh(v1, v0));
     }
     return;
   }
