@@ -303,11 +303,14 @@ void Sgemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, int
 // micro-kernel: each vdpbf16ps lane adds a[k] b[k] + a[k+1] b[k+1] (products
 // exact in fp32, sums rounded to nearest even: the error bound of any fp32
 // summation order). vdpbf16ps treats subnormal inputs as zero, so A and B
-// are scanned first and a call with a subnormal bf16 value takes the exact
-// sgemm path. It also flushes subnormal fp32 results (|x| < 2^-126) to zero:
-// an absolute error below K * 2^-126, far under every tolerance. Used when
-// the CPU has avx512_bf16 and the GEMM has at least kBf16MinWork
-// multiply-adds.
+// are checked while they are packed (the grouped GEMM: scanned first) and a
+// call with a subnormal bf16 value takes the exact sgemm path before D is
+// written. It also flushes subnormal fp32 results (|x| < 2^-126) to zero:
+// an absolute error below K * 2^-126, far under every tolerance. A bf16 D
+// with no C, GELU or amax is written from the tiles (Bf16FusedDirect: one
+// fork-join for packing and tiles; an untransposed A with even K is read in
+// place, only scanned). Used when the CPU has avx512_bf16 and the GEMM has
+// at least kBf16MinWork multiply-adds.
 constexpr int kMR = 8, kNR = 32;     // register tile: 8 rows x 32 columns (2 zmm)
 constexpr int64_t kGroupPanels = 4;  // column panels per task (B slice stays in L2)
 constexpr int64_t kSuperRows = 64;   // rows per task (8 tiles)
