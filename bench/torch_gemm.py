@@ -8,7 +8,7 @@ torch.addmm then torch.nn.functional.gelu(approximate="tanh")); the grouped
 case (8 experts, 512 rows, K = N = 1024) as a loop of torch.matmul over
 torch.split, as TE's CPU fallback would do.
 
-    python3 bench/torch_gemm.py [--json] [--repeats 3] [--threads 2]
+    python3 bench/torch_gemm.py [--json] [--repeats 3] [--threads 2] [--cpu-time] [--filter bf16/]
 """
 import argparse
 import json
@@ -18,14 +18,14 @@ import time
 import torch
 
 
-def time_ms(fn, min_time=1.0):
+def time_ms(fn, min_time=1.0, clock=time.perf_counter):
     fn()  # warm up
     fn()
-    n, start = 0, time.perf_counter()
+    n, start = 0, clock()
     while True:
         fn()
         n += 1
-        el = time.perf_counter() - start
+        el = clock() - start
         if el >= min_time and n >= 3:
             return 1e3 * el / n
 
@@ -63,11 +63,16 @@ def main():
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--cpu-time", action="store_true", help="CPU time of the process (time.process_time) per call")
+    ap.add_argument("--filter", default="", help="only cases whose name contains this")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     results = []
+    clock = time.process_time if args.cpu_time else time.perf_counter
     for name, flops, fn in cases():
-        runs = [time_ms(fn) for _ in range(args.repeats)]
+        if args.filter not in name:
+            continue
+        runs = [time_ms(fn, clock=clock) for _ in range(args.repeats)]
         ms = statistics.median(runs)
         results.append({"case": name, "ms": ms, "gflops": flops / (ms * 1e6), "runs_ms": runs})
     if args.json:

@@ -627,6 +627,52 @@ TEST(GemmConformanceSpecial, OneSubnormalAnywhereIsSeen) {
       }
 }
 
+// bf16 A, B and D with no C, GELU or amax: default.portable packs and runs
+// the tiles in one fork-join and, for an untransposed A with even K, reads A
+// in place (no packing; the last row block re-reads its last row). Partial
+// row blocks, partial column panels and groups, odd K (packed A), every
+// transpose, with and without bias.
+TEST(GemmConformanceSpecial, DirectBf16Output) {
+  const Shape shapes[] = {{37, 45, 40}, {72, 100, 64}, {130, 33, 258}, {64, 128, 128}, {9, 200, 31}, {200, 9, 62}};
+  for (const Shape& sh : shapes)
+    for (int t = 0; t < 4; ++t)
+      for (int epi : {0, 1}) {
+        const bool ta = t & 1, tb = t & 2;
+        SCOPED_TRACE(fmt::format("{}x{}x{} transa={} transb={} {}", sh.m, sh.n, sh.k, ta, tb, kEpilogues[epi].name));
+        Problem p = MakeGemm({DType::kBF16, DType::kBF16, DType::kBF16}, kEpilogues[epi], sh.m, sh.n, sh.k, ta, tb,
+                             fmt::format("direct{}{}", sh.m, sh.k));
+        CheckAll(p);
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+}
+
+// As OneSubnormalAnywhereIsSeen, for the direct bf16-output path (its own
+// packing schedule, and the in-place A read of an even K, checked by a scan):
+// the subnormal must reach D, i.e. the call must take the exact path.
+TEST(GemmConformanceSpecial, OneSubnormalAnywhereIsSeenBf16Output) {
+  const Shape shapes[] = {{40, 64, 40}, {37, 45, 42}, {70, 33, 41}};
+  for (const Shape& sh : shapes)
+    for (int t = 0; t < 4; ++t)
+      for (int in_b = 0; in_b < 2; ++in_b) {
+        const bool ta = t & 1, tb = t & 2;
+        const int64_t n_elems = in_b ? sh.k * sh.n : sh.m * sh.k;
+        for (int64_t pos : {int64_t(0), n_elems / 2 + 3, n_elems - 1}) {
+          SCOPED_TRACE(fmt::format("{}x{}x{} transa={} transb={} subnormal in {} at {}", sh.m, sh.n, sh.k, ta, tb,
+                                   in_b ? "B" : "A", pos));
+          Problem p = MakeGemm({DType::kBF16, DType::kBF16, DType::kBF16}, kEpilogues[0], sh.m, sh.n, sh.k, ta, tb,
+                               "one_subn_bf16");
+          Tensor& sub = *p.in[in_b ? kB : kA];
+          Tensor& big = *p.in[in_b ? kA : kB];
+          sub.Fill(0.0);
+          sub.set(pos, 3e-39);  // subnormal in bf16
+          big.Fill(1e38);
+          p.magnitude = MagnitudeOf(p, sh.m, sh.n, sh.k);
+          CheckAll(p);
+          if (::testing::Test::HasFatalFailure()) return;
+        }
+      }
+}
+
 // ---- te_general_grouped_gemm ------------------------------------------------------
 // in: A B m_splits bias a_scale_inv b_scale_inv d_scale; out: D pre_gelu_out bias_grad d_amax
 enum { kGSplits = 2, kGBias = 3 };

@@ -37,6 +37,7 @@
 #include <exception>
 #include <mutex>
 #include <new>
+#include <thread>
 #include <vector>
 
 #include "backends/backends.h"
@@ -302,15 +303,19 @@ void Sgemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, int
 // micro-kernel: each vdpbf16ps lane adds a[k] b[k] + a[k+1] b[k+1] (products
 // exact in fp32, sums rounded to nearest even: the error bound of any fp32
 // summation order). vdpbf16ps treats subnormal inputs as zero, so A and B
-// are scanned first and a call with a subnormal bf16 value takes the exact
-// sgemm path. It also flushes subnormal fp32 results (|x| < 2^-126) to zero:
-// an absolute error below K * 2^-126, far under every tolerance. Used when
-// the CPU has avx512_bf16 and the GEMM has at least kBf16MinWork
-// multiply-adds.
+// are checked while they are packed (the grouped GEMM: scanned first) and a
+// call with a subnormal bf16 value takes the exact sgemm path before D is
+// written. It also flushes subnormal fp32 results (|x| < 2^-126) to zero:
+// an absolute error below K * 2^-126, far under every tolerance. A bf16 D
+// with no C, GELU or amax is written from the tiles (Bf16FusedDirect: one
+// fork-join for packing and tiles; an untransposed A with even K is read in
+// place, only scanned). Used when the CPU has avx512_bf16 and the GEMM has
+// at least kBf16MinWork multiply-adds.
 constexpr int kMR = 8, kNR = 32;     // register tile: 8 rows x 32 columns (2 zmm)
 constexpr int64_t kGroupPanels = 4;  // column panels per task (B slice stays in L2)
 constexpr int64_t kSuperRows = 64;   // rows per task (8 tiles)
 constexpr int64_t kBf16MinWork = 32 * 32 * 32;
+constexpr uintptr_t kAPrefetch = 16;  // K pairs ahead (512 bytes of packed A)
 
 bool CpuHasBf16Dot() { return CpuHasAvx512Bf16(); }
 
@@ -328,6 +333,7 @@ struct Bf16Job {
   uint16_t* out16;    // direct bf16 output [M, N] (then c is unused), or NULL
   const float* bias;  // [N] fp32 added before the bf16 rounding, or NULL
   int64_t m_blocks, n_panels, m_supers, n_groups;
+  bool row_a = false;            // the tiles read row-major A in place (A not packed)
   std::atomic<bool> hit{false};  // packing saw a subnormal bf16 value
 };
 
@@ -503,37 +509,43 @@ void PackBBody(void* ctx, int64_t begin, int64_t end) {
 // shift/narrowing intrinsics as "maybe uninitialized" (a false positive).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-// bf16 bits of v rounded to nearest even (NaN: quiet, payload kept), as
-// dtype.h's FloatToBF16.
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline __m256i RoundToBf16(__m512 v) {
-  const __m512i u = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
-  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(u, _mm512_set1_epi32(0x400000)));
-  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
-}
-
 // C[rows, cols] (ld ldc) = alpha * (A tile . B panel) + beta * C; with out16,
 // instead out16[rows, cols] (ld ldc) = bf16(alpha * (A tile . B panel) +
 // bias) and C is not touched.
+// kRowA: ap is row-major A itself (no transa, even K, 4-byte aligned: the
+// K pair (2p, 2p + 1) of row r is the word ap[r * lda_w + p]); rows past
+// `rows` re-read the last valid row (never past A), their sums discarded.
+template <bool kRowA>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void Bf16Tile(const uint32_t* ap, const uint32_t* bp,
                                                                               int64_t kp, float* c, int64_t ldc,
                                                                               int rows, int cols, float alpha,
                                                                               float beta, uint16_t* out16,
-                                                                              const float* bias) {
+                                                                              const float* bias, int64_t lda_w = 0) {
   // 16 named accumulators: an array indexed in a loop would live on the stack.
   __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00;
   __m512 c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00;
+  const uint32_t* ar[kMR];
+  if constexpr (kRowA)
+    for (int r = 0; r < kMR; ++r) ar[r] = ap + std::min(r, rows - 1) * lda_w;
   for (int64_t p = 0; p < kp; ++p) {
     const __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + p * kNR);
     const __m512bh b1 = (__m512bh)_mm512_loadu_si512(bp + p * kNR + 16);
     const uint32_t* a = ap + p * kMR;
-#define TEFL_BF16_ROW(r)                                        \
-  {                                                             \
-    const __m512bh av = (__m512bh)_mm512_set1_epi32(int(a[r])); \
-    c##r##0 = _mm512_dpbf16_ps(c##r##0, av, b0);                \
-    c##r##1 = _mm512_dpbf16_ps(c##r##1, av, b1);                \
+    // A's block streams from L3 on its first use (B's panel group stays in
+    // L2): fetch it kAPrefetch pairs ahead (measured +2-4 %). An address
+    // past the block is harmless for a prefetch (no fault, no access).
+    if constexpr (kRowA) {
+      // one of the 8 rows per step: each row's line is fetched twice ahead
+      __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(ar[p & 7] + p) + 2 * kAPrefetch * 4),
+                         0, 3);
+    } else {
+      __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(a) + kAPrefetch * kMR * 4), 0, 3);
+    }
+#define TEFL_BF16_ROW(r)                                                           \
+  {                                                                                \
+    const __m512bh av = (__m512bh)_mm512_set1_epi32(int(kRowA ? ar[r][p] : a[r])); \
+    c##r##0 = _mm512_dpbf16_ps(c##r##0, av, b0);                                   \
+    c##r##1 = _mm512_dpbf16_ps(c##r##1, av, b1);                                   \
   }
     TEFL_BF16_ROW(0)
     TEFL_BF16_ROW(1)
@@ -553,6 +565,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void Bf16Tile(co
   if (out16 != nullptr) {
     const __m512 bias0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
     const __m512 bias1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
+    const __mmask32 m32 = __mmask32(m0) | (__mmask32(m1) << 16);
     for (int r = 0; r < rows; ++r) {
       uint16_t* row = out16 + r * ldc;
       __m512 v0 = _mm512_mul_ps(acc[r][0], va), v1 = _mm512_mul_ps(acc[r][1], va);
@@ -560,8 +573,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void Bf16Tile(co
         v0 = _mm512_add_ps(v0, bias0);
         v1 = _mm512_add_ps(v1, bias1);
       }
-      _mm256_mask_storeu_epi16(row, m0, RoundToBf16(v0));
-      _mm256_mask_storeu_epi16(row + 16, m1, RoundToBf16(v1));
+      // vcvtne2ps2bf16: round to nearest even, NaN quieted with its payload
+      // kept (as FloatToBF16); an fp32 subnormal (|v| < 2^-126, only from
+      // alpha or bias: vdpbf16ps already flushes them) becomes 0.
+      _mm512_mask_storeu_epi16(row, m32, (__m512i)_mm512_cvtne2ps_pbh(v1, v0));
     }
     return;
   }
@@ -601,7 +616,8 @@ void Bf16ComputeBody(void* ctx, int64_t begin, int64_t end) {
         for (int64_t blk = b0; blk < b1; ++blk) {
           const uint32_t* ap = g.ap + size_t(blk) * size_t(g.kp) * kMR + size_t(k0) * kMR;
           const int rows = int(std::min<int64_t>(kMR, g.m - blk * kMR));
-          Bf16Tile(ap, bp, kc, g.c + blk * kMR * g.n + pan * kNR, g.n, rows, cols, g.alpha, beta, nullptr, nullptr);
+          Bf16Tile<false>(ap, bp, kc, g.c + blk * kMR * g.n + pan * kNR, g.n, rows, cols, g.alpha, beta, nullptr,
+                          nullptr);
         }
       }
     }
@@ -618,12 +634,19 @@ void Bf16DirectBody(void* ctx, int64_t begin, int64_t end) {
     const int64_t p0 = grp * kGroupPanels, p1 = std::min(g.n_panels, p0 + kGroupPanels);
     const int64_t b0 = sup * blocks_per_super, b1 = std::min(g.m_blocks, b0 + blocks_per_super);
     for (int64_t blk = b0; blk < b1; ++blk) {
-      const uint32_t* ap = g.ap + size_t(blk) * size_t(g.kp) * kMR;
       const int rows = int(std::min<int64_t>(kMR, g.m - blk * kMR));
       for (int64_t pan = p0; pan < p1; ++pan) {
         const int cols = int(std::min<int64_t>(kNR, g.n - pan * kNR));
-        Bf16Tile(ap, g.bp + size_t(pan) * size_t(g.kp) * kNR, g.kp, nullptr, g.n, rows, cols, g.alpha, 0.0f,
-                 g.out16 + blk * kMR * g.n + pan * kNR, g.bias ? g.bias + pan * kNR : nullptr);
+        const uint32_t* bp = g.bp + size_t(pan) * size_t(g.kp) * kNR;
+        uint16_t* out = g.out16 + blk * kMR * g.n + pan * kNR;
+        const float* bias = g.bias ? g.bias + pan * kNR : nullptr;
+        if (g.row_a) {
+          Bf16Tile<true>(reinterpret_cast<const uint32_t*>(g.a + blk * kMR * g.k), bp, g.kp, nullptr, g.n, rows, cols,
+                         g.alpha, 0.0f, out, bias, g.kp);
+        } else {
+          Bf16Tile<false>(g.ap + size_t(blk) * size_t(g.kp) * kMR, bp, g.kp, nullptr, g.n, rows, cols, g.alpha, 0.0f,
+                          out, bias);
+        }
       }
     }
   }
@@ -706,6 +729,73 @@ void Bf16Gemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, 
     f->host->parallel_for(g.n_panels, 1, PackBBody, &g);
   }
   f->host->parallel_for(g.n_groups * g.m_supers, 1, out16 ? Bf16DirectBody : Bf16ComputeBody, &g);
+}
+
+// The direct bf16 path in one fork-join (a pool wake-up costs tens of
+// microseconds: at 512^3 three of them were ~15 % of the call). Every
+// participant first claims packing units (kSuperRows rows of A, kGroupPanels
+// panels of B) from a shared counter, then waits until all units are packed
+// (only for units another participant is packing right now, so a caller that
+// runs the whole range inline never waits), and stops there when a unit saw
+// a subnormal (D untouched). Then it claims tiles tasks from a second
+// counter: whichever thread is awake takes the next task, and a tile's
+// result does not depend on which thread computes it (K is summed in
+// registers in one fixed order), so D is the same for any schedule.
+struct FusedCtx {
+  Bf16Job* g;
+  int64_t a_units, units, tasks, chunk;
+  std::atomic<int64_t> next_unit{0}, packed_units{0}, next_task{0};
+};
+void Bf16FusedBody(void* ctx, int64_t, int64_t) {
+  auto& x = *static_cast<FusedCtx*>(ctx);
+  Bf16Job& g = *x.g;
+  const int64_t blocks_per_super = kSuperRows / kMR;
+  for (int64_t u; (u = x.next_unit.fetch_add(1, std::memory_order_relaxed)) < x.units;) {
+    if (u < x.a_units && g.row_a) {  // A read in place: only its subnormal check
+      const int64_t r0 = u * kSuperRows, r1 = std::min(g.m, r0 + kSuperRows);
+      if (AnySubnormalBf16(g.a + r0 * g.k, (r1 - r0) * g.k)) g.hit.store(true, std::memory_order_relaxed);
+    } else if (u < x.a_units) {
+      PackABody(&g, u * blocks_per_super, std::min(g.m_blocks, (u + 1) * blocks_per_super));
+    } else {
+      const int64_t v = u - x.a_units;
+      PackBBody(&g, v * kGroupPanels, std::min(g.n_panels, (v + 1) * kGroupPanels));
+    }
+    x.packed_units.fetch_add(1, std::memory_order_release);
+  }
+  for (int spins = 0; x.packed_units.load(std::memory_order_acquire) < x.units; ++spins) {
+    if (spins < 4096) {
+      _mm_pause();
+    } else {
+      std::this_thread::yield();  // the packer was preempted (a loaded machine)
+    }
+  }
+  if (g.hit.load(std::memory_order_relaxed)) return;
+  for (int64_t c; (c = x.next_task.fetch_add(1, std::memory_order_relaxed)) * x.chunk < x.tasks;)
+    Bf16DirectBody(&g, c * x.chunk, std::min(x.tasks, (c + 1) * x.chunk));
+}
+
+// out16 = bf16(alpha * op(A) op(B) + bias) in one fork-join, packing
+// included; false (out16 not written) when A or B holds a subnormal bf16
+// value. packed: Bf16PackedWords(m, n, k) words (no allocation here).
+bool Bf16FusedDirect(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                     const void* a, const void* b, std::vector<uint32_t>& packed, uint16_t* out16, const float* bias) {
+  Bf16Job g;
+  Bf16Setup(g, ta, tb, m, n, k, a, b, packed);
+  g.alpha = alpha;
+  g.beta = 0.0f;
+  g.c = nullptr;
+  g.out16 = out16;
+  g.bias = bias;
+  g.row_a = !ta && k % 2 == 0 && reinterpret_cast<uintptr_t>(a) % 4 == 0;
+  FusedCtx x;
+  x.g = &g;
+  x.a_units = g.m_supers;
+  x.units = g.m_supers + g.n_groups;
+  x.tasks = g.n_groups * g.m_supers;
+  const int64_t parts = std::max<int64_t>(1, f->host->num_threads());
+  x.chunk = g.m_supers;  // a whole column group: each thread keeps its own B slice in L2
+  f->host->parallel_for(parts, 1, Bf16FusedBody, &x);
+  return !g.hit.load();
 }
 
 // ---- one GEMM: fp32 operands, any epilogue ---------------------------------------
@@ -884,8 +974,17 @@ void Reserve(Workspace& ws, const OneGemm& o, const OnePlan& p) {
 // of a scan_in_pack plan, which happens before D is written).
 void Execute(const tefl_call_frame* f, const OneGemm& o, OnePlan p, Workspace& ws) {
   const bool dgelu = o.gelu && o.grad;
-  bool prepacked = false;
-  if (p.bf16 && p.scan_in_pack) {
+  bool prepacked = false, done = false;
+  if (p.bf16 && p.scan_in_pack && OneDirect(o, p)) {
+    // Packing and the tiles in one fork-join; a subnormal leaves D untouched.
+    const float* bias32 = o.bias ? AsF32(f, o.bias, o.tbias, o.n, ws.bias) : nullptr;
+    done = Bf16FusedDirect(f, o.transa, o.transb, o.m, o.n, o.k, o.alpha * o.sa * o.sb, o.a, o.b, ws.packed,
+                           static_cast<uint16_t*>(o.d), bias32);
+    if (!done) {
+      p.bf16 = false;  // a subnormal: the exact sgemm path
+      Reserve(ws, o, p);
+    }
+  } else if (p.bf16 && p.scan_in_pack) {
     if (Bf16Pack(f, o.transa, o.transb, o.m, o.n, o.k, o.a, o.b, ws.packed)) {
       p.bf16 = false;  // a subnormal: the exact sgemm path
       Reserve(ws, o, p);
@@ -926,7 +1025,7 @@ void Execute(const tefl_call_frame* f, const OneGemm& o, OnePlan p, Workspace& w
   g.td = o.td;
   g.d_scale = o.d_scale;
   g.amax = o.d_amax ? &amax : nullptr;
-  Run(f, g, ws.scratch);
+  if (!done) Run(f, g, ws.scratch);
   if (sums && !dgelu) {  // bias_grad[m] = sum_k op(A)[m, k], dequantized as TE (q * scale_inv in fp32)
     if (o.transa) {      // A is [K, M]: column sums
       for (int64_t kk = 0; kk < o.k; ++kk)
