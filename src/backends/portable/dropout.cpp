@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <type_traits>
@@ -344,52 +345,65 @@ TEFL_DROPOUT_TARGET void SetPhiloxHi(const DropArgs& args, PhiloxZmm& z, uint64_
   z.hi = hi;
 }
 
-// Ten rounds on 8 counters (lo32(g) in the u64 lanes' low halves, all with
-// hi32(g) = z.hi); w01 / w23: per u64 lane, words 0 and 2 low, 1 and 3 high.
-TEFL_DROPOUT_INLINE void PhiloxZmm8(const PhiloxZmm& z, __m512i lo, __m512i& w01, __m512i& w23) {
-  // Round 0.
-  __m512i p0 = _mm512_mul_epu32(lo, z.m0);
-  __m512i c0 = z.a;
-  __m512i c2 = _mm512_xor_si512(_mm512_srli_epi64(p0, 32), z.x0_c2);
-  __m512i c3 = p0;
-  // Round 1 (c1 is the constant p1 of round 0, folded into x1_c0).
-  __m512i p1 = _mm512_mul_epu32(c2, z.m1);
-  c0 = _mm512_xor_si512(_mm512_srli_epi64(p1, 32), z.x1_c0);
-  __m512i c1 = p1;
-  c2 = _mm512_xor_si512(c3, z.x1_c2);
-  // Round 2 (c3 is the constant q0, folded into x2_c2).
-  p0 = _mm512_mul_epu32(c0, z.m0);
-  p1 = _mm512_mul_epu32(c2, z.m1);
-  c0 = _mm512_ternarylogic_epi64(_mm512_srli_epi64(p1, 32), c1, z.k0[2], 0x96);
-  c1 = p1;
-  c2 = _mm512_xor_si512(_mm512_srli_epi64(p0, 32), z.x2_c2);
-  c3 = p0;
+// Ten rounds on 2 x 8 counters (lo32(g) in the u64 lanes' low halves, all
+// with hi32(g) = z.hi), interleaved for the multiplier's latency; w01 / w23:
+// per u64 lane, words 0 and 2 low, 1 and 3 high.
+TEFL_DROPOUT_INLINE void PhiloxZmm16(const PhiloxZmm& z, const __m512i lo[2], __m512i w01[2], __m512i w23[2]) {
+  __m512i c0[2], c1[2], c2[2], c3[2], p0[2], p1[2];
+#pragma GCC unroll 2
+  for (int v = 0; v < 2; ++v) {
+    // Round 0 (c0 after it is the constant a).
+    p0[v] = _mm512_mul_epu32(lo[v], z.m0);
+    c2[v] = _mm512_xor_si512(_mm512_srli_epi64(p0[v], 32), z.x0_c2);
+    c3[v] = p0[v];
+    // Round 1 (c1 is round 0's constant p1, folded into x1_c0; p0 the constant q0).
+    p1[v] = _mm512_mul_epu32(c2[v], z.m1);
+    c0[v] = _mm512_xor_si512(_mm512_srli_epi64(p1[v], 32), z.x1_c0);
+    c1[v] = p1[v];
+    c2[v] = _mm512_xor_si512(c3[v], z.x1_c2);
+    // Round 2 (c3 is q0, folded into x2_c2).
+    p0[v] = _mm512_mul_epu32(c0[v], z.m0);
+    p1[v] = _mm512_mul_epu32(c2[v], z.m1);
+    c0[v] = _mm512_ternarylogic_epi64(_mm512_srli_epi64(p1[v], 32), c1[v], z.k0[2], 0x96);
+    c1[v] = p1[v];
+    c2[v] = _mm512_xor_si512(_mm512_srli_epi64(p0[v], 32), z.x2_c2);
+    c3[v] = p0[v];
+  }
+#pragma GCC unroll 6
   for (int r = 3; r < 9; ++r) {
-    p0 = _mm512_mul_epu32(c0, z.m0);
-    p1 = _mm512_mul_epu32(c2, z.m1);
-    c0 = _mm512_ternarylogic_epi64(_mm512_srli_epi64(p1, 32), c1, z.k0[r], 0x96);
-    c1 = p1;
-    c2 = _mm512_ternarylogic_epi64(_mm512_srli_epi64(p0, 32), c3, z.k1[r], 0x96);
-    c3 = p0;
+#pragma GCC unroll 2
+    for (int v = 0; v < 2; ++v) {
+      p0[v] = _mm512_mul_epu32(c0[v], z.m0);
+      p1[v] = _mm512_mul_epu32(c2[v], z.m1);
+      c0[v] = _mm512_ternarylogic_epi64(_mm512_srli_epi64(p1[v], 32), c1[v], z.k0[r], 0x96);
+      c1[v] = p1[v];
+      c2[v] = _mm512_ternarylogic_epi64(_mm512_srli_epi64(p0[v], 32), c3[v], z.k1[r], 0x96);
+      c3[v] = p0[v];
+    }
   }
   // Round 9: word 1 = lo(p1), word 0 = hi(p1) ^ c1 ^ k0 (the rotate puts
   // hi(p1) low, the masked xor touches the low halves only); 3 / 2 alike.
-  p0 = _mm512_mul_epu32(c0, z.m0);
-  p1 = _mm512_mul_epu32(c2, z.m1);
-  w01 = _mm512_mask_ternarylogic_epi32(_mm512_rol_epi64(p1, 32), 0x5555, c1, z.k0[9], 0x96);
-  w23 = _mm512_mask_ternarylogic_epi32(_mm512_rol_epi64(p0, 32), 0x5555, c3, z.k1[9], 0x96);
+#pragma GCC unroll 2
+  for (int v = 0; v < 2; ++v) {
+    p0[v] = _mm512_mul_epu32(c0[v], z.m0);
+    p1[v] = _mm512_mul_epu32(c2[v], z.m1);
+    w01[v] = _mm512_mask_ternarylogic_epi32(_mm512_rol_epi64(p1[v], 32), 0x5555, c1[v], z.k0[9], 0x96);
+    w23[v] = _mm512_mask_ternarylogic_epi32(_mm512_rol_epi64(p0[v], 32), 0x5555, c3[v], z.k1[9], 0x96);
+  }
 }
 
 // Keep bits of elements [4g, 4g + 64): bit i = element 4g + i. lo holds
 // lo32(g) + 0..7 in its u64 lanes; no lane may carry into hi32 (g + 15 has
 // the same hi32 as g).
 TEFL_DROPOUT_INLINE uint64_t KeepBits64(const PhiloxZmm& z, __m512i lo, __m512i thr) {
-  __m512i a01, a23, b01, b23;
-  PhiloxZmm8(z, lo, a01, a23);
-  PhiloxZmm8(z, _mm512_add_epi64(lo, _mm512_set1_epi64(8)), b01, b23);
+  const __m512i los[2] = {lo, _mm512_add_epi64(lo, _mm512_set1_epi64(8))};
+  __m512i w01[2], w23[2];
+  PhiloxZmm16(z, los, w01, w23);
   // Bit 2j (2j + 1) of m01: word 0 (1) of counter j; counters 8-15 in the upper 16 bits.
-  const uint32_t m01 = uint32_t(_mm512_cmpge_epu32_mask(a01, thr)) | uint32_t(_mm512_cmpge_epu32_mask(b01, thr)) << 16;
-  const uint32_t m23 = uint32_t(_mm512_cmpge_epu32_mask(a23, thr)) | uint32_t(_mm512_cmpge_epu32_mask(b23, thr)) << 16;
+  const uint32_t m01 = uint32_t(_mm512_cmpge_epu32_mask(w01[0], thr)) | uint32_t(_mm512_cmpge_epu32_mask(w01[1], thr))
+                                                                            << 16;
+  const uint32_t m23 = uint32_t(_mm512_cmpge_epu32_mask(w23[0], thr)) | uint32_t(_mm512_cmpge_epu32_mask(w23[1], thr))
+                                                                            << 16;
   return _pdep_u64(m01, 0x3333333333333333ull) | _pdep_u64(m23, 0xCCCCCCCCCCCCCCCCull);
 }
 
@@ -422,18 +436,49 @@ TEFL_DROPOUT_INLINE __m512i RoundBf16Hi(__m512 v) {
   const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
   return _mm512_mask_or_epi32(rounded, nan, u, _mm512_set1_epi32(0x00400000));
 }
-TEFL_DROPOUT_INLINE void Store16(__m512 v, float* p) { _mm512_storeu_ps(p, v); }
-TEFL_DROPOUT_INLINE void Store16(__m512 v, bfloat16_t* p) {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(_mm512_srli_epi32(RoundBf16Hi(v), 16)));
+
+// bf16 of y = x * 0 or x * scale for a bf16 x, rounded to nearest even, in
+// the upper half: RoundBf16Hi without its NaN case, as a NaN y here is a
+// bf16 x's NaN (quieted by the multiply) or inf * 0 (the default NaN), both
+// with zero low 16 bits, which the bias cannot carry out of.
+TEFL_DROPOUT_INLINE __m512i RoundBf16HiFromBf16(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  return _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
 }
-TEFL_DROPOUT_INLINE void Store16(__m512 v, float16_t* p) {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+
+template <bool kStream>
+TEFL_DROPOUT_INLINE void Put64(void* p, __m512i v) {
+  if constexpr (kStream) {
+    _mm512_stream_si512(static_cast<__m512i*>(p), v);
+  } else {
+    _mm512_storeu_si512(p, v);
+  }
+}
+template <bool kStream>
+TEFL_DROPOUT_INLINE void Store16(__m512 v, float* p) {
+  Put64<kStream>(p, _mm512_castps_si512(v));
+}
+template <bool kStream, class T>
+TEFL_DROPOUT_INLINE void Store16(__m512 v, T* p) {
+  __m256i h;
+  if constexpr (std::is_same_v<T, bfloat16_t>) {
+    h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(RoundBf16Hi(v), 16));
+  } else {
+    h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
+  if constexpr (kStream) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(p), h);
+  } else {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), h);
+  }
 }
 
 // Mask bytes and outputs of elements [e, e + 64) from their keep bits.
-template <class TX, class TY>
+// kStream: non-temporal stores (mask + e and y + e 64-byte aligned).
+template <class TX, class TY, bool kStream>
 TEFL_DROPOUT_INLINE void Apply64(const DropArgs& args, int64_t e, uint64_t keep, __m512 scale) {
-  _mm512_storeu_si512(args.mask + e, _mm512_maskz_mov_epi8(keep, _mm512_set1_epi8(1)));
+  Put64<kStream>(args.mask + e, _mm512_maskz_mov_epi8(keep, _mm512_set1_epi8(1)));
   const TX* x = static_cast<const TX*>(args.x) + e;
   TY* y = static_cast<TY*>(args.y) + e;
   if constexpr (std::is_same_v<TX, bfloat16_t> && std::is_same_v<TY, bfloat16_t>) {
@@ -446,26 +491,24 @@ TEFL_DROPOUT_INLINE void Apply64(const DropArgs& args, int64_t e, uint64_t keep,
       const __m512 ye = _mm512_mul_ps(ev, _mm512_maskz_mov_ps(__mmask16(_pext_u64(k, 0x55555555ull)), scale));
       const __m512 yo = _mm512_mul_ps(od, _mm512_maskz_mov_ps(__mmask16(_pext_u64(k, 0xAAAAAAAAull)), scale));
       // even bf16 in the low halves, odd in the high halves: A | (B & C).
-      const __m512i out =
-          _mm512_ternarylogic_epi32(_mm512_srli_epi32(RoundBf16Hi(ye), 16), RoundBf16Hi(yo), hi16, 0xF8);
-      _mm512_storeu_si512(y + 32 * h, out);
+      Put64<kStream>(y + 32 * h, _mm512_ternarylogic_epi32(_mm512_srli_epi32(RoundBf16HiFromBf16(ye), 16),
+                                                           RoundBf16HiFromBf16(yo), hi16, 0xF8));
     }
   } else {
     for (int q = 0; q < 4; ++q) {
       const __m512 mult = _mm512_maskz_mov_ps(__mmask16(keep >> (16 * q)), scale);
-      Store16(_mm512_mul_ps(Load16(x + 16 * q), mult), y + 16 * q);
+      Store16<kStream>(_mm512_mul_ps(Load16(x + 16 * q), mult), y + 16 * q);
     }
   }
 }
 
-template <class TX, class TY>
-TEFL_DROPOUT_TARGET void DropoutFwdAvx512T(const DropArgs& args, int64_t e0, int64_t e1) {
+template <class TX, class TY, bool kStream>
+TEFL_DROPOUT_TARGET int64_t DropoutFwdAvx512Steps(const DropArgs& args, int64_t e, int64_t e1) {
   PhiloxZmm z;
   InitPhiloxZmm(args, z);
   const __m512i thr = _mm512_set1_epi32(int32_t(args.threshold));
   const __m512 scale = _mm512_set1_ps(args.scale);
   const __m512i iota = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
-  int64_t e = e0;
   for (; e + 64 <= e1; e += 64) {
     const uint64_t g = uint64_t(e) / 4;
     uint64_t keep;
@@ -475,8 +518,25 @@ TEFL_DROPOUT_TARGET void DropoutFwdAvx512T(const DropArgs& args, int64_t e0, int
     } else {
       keep = KeepBitsScalar(args, e, 64);  // lo32(g) would wrap within the 16 counters
     }
-    Apply64<TX, TY>(args, e, keep, scale);
+    Apply64<TX, TY, kStream>(args, e, keep, scale);
   }
+  if constexpr (kStream) _mm_sfence();
+  return e;
+}
+
+// Outputs of at least this many bytes (y and mask) are written with
+// non-temporal stores: they would evict the cache anyway.
+constexpr int64_t kStreamBytes = int64_t(32) << 20;
+inline bool g_nostream = std::getenv("XX_NOSTREAM") != nullptr;  // TEMP
+
+template <class TX, class TY>
+TEFL_DROPOUT_TARGET void DropoutFwdAvx512T(const DropArgs& args, int64_t e0, int64_t e1) {
+  const bool stream =
+      !g_nostream && args.n * int64_t(sizeof(TY) + 1) >= kStreamBytes &&
+      (reinterpret_cast<uintptr_t>(args.mask + e0) | reinterpret_cast<uintptr_t>(static_cast<TY*>(args.y) + e0)) % 64 ==
+          0;
+  const int64_t e =
+      stream ? DropoutFwdAvx512Steps<TX, TY, true>(args, e0, e1) : DropoutFwdAvx512Steps<TX, TY, false>(args, e0, e1);
   if (e < e1) {  // the last < 64 elements
     const uint64_t keep = KeepBitsScalar(args, e, e1 - e);
     const TX* x = static_cast<const TX*>(args.x);
