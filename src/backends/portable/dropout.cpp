@@ -28,7 +28,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <type_traits>
@@ -37,6 +36,7 @@
 #include "backends/kernel_support.h"
 #include "backends/philox.h"
 #include "backends/portable/cpu_paths.h"
+#include "backends/portable/dropout_hooks.h"
 #include "core/dtype.h"
 #include "tefl/ops.h"
 #include "tefl/tefl.h"
@@ -55,8 +55,9 @@ struct DropArgs {
   float scale;  // 1 / (1 - p)
   const void* x;
   void* y;
-  uint8_t* mask;  // written (fwd) or read (bwd)
-  bool avx512;    // dropout_fwd by DropoutFwdAvx512 (PortablePath::kDropoutAvx512)
+  uint8_t* mask;    // written (fwd) or read (bwd)
+  bool avx512;      // dropout_fwd by DropoutFwdAvx512 (PortablePath::kDropoutAvx512)
+  uint64_t group0;  // DropoutFwdAvx512: element i is in Philox group group0 + i / 4 (0 but in tests)
 };
 
 // Elements per block: the mask block and its x / y rows stay in L1.
@@ -412,7 +413,7 @@ TEFL_DROPOUT_INLINE uint64_t KeepBits64(const PhiloxZmm& z, __m512i lo, __m512i 
 inline uint64_t KeepBitsScalar(const DropArgs& args, int64_t e, int64_t count) {
   uint64_t bits = 0;
   for (int64_t i = 0; i < count; i += 4) {
-    const Philox4 w = DropoutWords(args.seed, args.offset, uint64_t(e + i) / 4);
+    const Philox4 w = DropoutWords(args.seed, args.offset, args.group0 + uint64_t(e + i) / 4);
     for (int64_t k = 0; k < 4 && i + k < count; ++k) bits |= uint64_t(w.v[k] >= args.threshold) << (i + k);
   }
   return bits;
@@ -510,7 +511,7 @@ TEFL_DROPOUT_TARGET int64_t DropoutFwdAvx512Steps(const DropArgs& args, int64_t 
   const __m512 scale = _mm512_set1_ps(args.scale);
   const __m512i iota = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
   for (; e + 64 <= e1; e += 64) {
-    const uint64_t g = uint64_t(e) / 4;
+    const uint64_t g = args.group0 + uint64_t(e) / 4;
     uint64_t keep;
     if (HWY_LIKELY(uint32_t(g) <= UINT32_MAX - 15)) {
       if (HWY_UNLIKELY((g >> 32) != z.hi)) SetPhiloxHi(args, z, g >> 32);
@@ -527,12 +528,11 @@ TEFL_DROPOUT_TARGET int64_t DropoutFwdAvx512Steps(const DropArgs& args, int64_t 
 // Outputs of at least this many bytes (y and mask) are written with
 // non-temporal stores: they would evict the cache anyway.
 constexpr int64_t kStreamBytes = int64_t(32) << 20;
-inline bool g_nostream = std::getenv("XX_NOSTREAM") != nullptr;  // TEMP
 
 template <class TX, class TY>
 TEFL_DROPOUT_TARGET void DropoutFwdAvx512T(const DropArgs& args, int64_t e0, int64_t e1) {
   const bool stream =
-      !g_nostream && args.n * int64_t(sizeof(TY) + 1) >= kStreamBytes &&
+      args.n * int64_t(sizeof(TY) + 1) >= kStreamBytes &&
       (reinterpret_cast<uintptr_t>(args.mask + e0) | reinterpret_cast<uintptr_t>(static_cast<TY*>(args.y) + e0)) % 64 ==
           0;
   const int64_t e =
@@ -626,6 +626,32 @@ tefl_status* FwdKernel(const tefl_call_frame* f, void*) { return Run(f, true); }
 tefl_status* BwdKernel(const tefl_call_frame* f, void*) { return Run(f, false); }
 
 }  // namespace
+
+bool PortableDropoutFwdAtGroup(DType tx, DType ty, int64_t n, uint64_t first_group, uint64_t seed, uint64_t offset,
+                               float p, const void* x, void* y, uint8_t* mask) {
+#if TEFL_DROPOUT_AVX512
+  if (!PortablePathOn(PortablePath::kDropoutAvx512)) return false;
+  DropArgs a{};
+  a.generate = true;
+  a.tx = tx;
+  a.ty = ty;
+  a.n = n;
+  a.seed = seed;
+  a.offset = offset;
+  a.threshold = DropoutThreshold(p);
+  a.scale = float(1.0 / (1.0 - double(p)));
+  a.x = x;
+  a.y = y;
+  a.mask = mask;
+  a.avx512 = true;
+  a.group0 = first_group;
+  DropoutFwdAvx512(a, 0, n);
+  return true;
+#else
+  (void)tx, (void)ty, (void)n, (void)first_group, (void)seed, (void)offset, (void)p, (void)x, (void)y, (void)mask;
+  return false;
+#endif
+}
 
 tefl_status* RegisterPortableDropout(const tefl_registrar& registrar) {
   static constexpr KernelEntry kEntries[] = {{"dropout_fwd", FwdKernel}, {"dropout_bwd", BwdKernel}};
