@@ -19,6 +19,13 @@
 // A vector whose groups would carry into the counter's high word (g crossing
 // a multiple of 2^32) and the last partial group use the scalar Philox.
 //
+// Where the CPU has AVX512-F/BW/DQ/VL and BMI2 (PortablePath::kDropoutAvx512,
+// TEFL_PORTABLE_DROPOUT_AVX512=0 turns it off) dropout_fwd instead runs one
+// fused pass of 64 elements a step (DropoutFwdAvx512 below): Philox, the
+// keep bits as a 64-bit mask, the mask bytes and the output from that mask;
+// same bytes as the path above. Outputs of >= 32 MiB are stored
+// non-temporally there.
+//
 // Host contract (validated before the call): CPU tensors, compact, float
 // dtypes for the data (each on its own), uint8 masks, same shapes, no
 // aliasing, p in [0, 1).
