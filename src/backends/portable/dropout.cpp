@@ -23,7 +23,7 @@
 // TEFL_PORTABLE_DROPOUT_AVX512=0 turns it off) dropout_fwd instead runs one
 // fused pass of 64 elements a step (DropoutFwdAvx512 below): Philox, the
 // keep bits as a 64-bit mask, the mask bytes and the output from that mask;
-// same bytes as the path above. Outputs of >= 32 MiB are stored
+// same bytes as the path above. fp32 outputs of >= 32 MiB are stored
 // non-temporally there.
 //
 // Host contract (validated before the call): CPU tensors, compact, float
@@ -483,10 +483,11 @@ TEFL_DROPOUT_INLINE void Store16(__m512 v, T* p) {
 }
 
 // Mask bytes and outputs of elements [e, e + 64) from their keep bits.
-// kStream: non-temporal stores (mask + e and y + e 64-byte aligned).
-template <class TX, class TY, bool kStream>
+// kStream: non-temporal stores of y (y + e 64-byte aligned), 2: also of the
+// mask (mask + e aligned too).
+template <class TX, class TY, int kStream>
 TEFL_DROPOUT_INLINE void Apply64(const DropArgs& args, int64_t e, uint64_t keep, __m512 scale) {
-  Put64<kStream>(args.mask + e, _mm512_maskz_mov_epi8(keep, _mm512_set1_epi8(1)));
+  Put64<kStream == 2>(args.mask + e, _mm512_maskz_mov_epi8(keep, _mm512_set1_epi8(1)));
   const TX* x = static_cast<const TX*>(args.x) + e;
   TY* y = static_cast<TY*>(args.y) + e;
   if constexpr (std::is_same_v<TX, bfloat16_t> && std::is_same_v<TY, bfloat16_t>) {
@@ -499,18 +500,18 @@ TEFL_DROPOUT_INLINE void Apply64(const DropArgs& args, int64_t e, uint64_t keep,
       const __m512 ye = _mm512_mul_ps(ev, _mm512_maskz_mov_ps(__mmask16(_pext_u64(k, 0x55555555ull)), scale));
       const __m512 yo = _mm512_mul_ps(od, _mm512_maskz_mov_ps(__mmask16(_pext_u64(k, 0xAAAAAAAAull)), scale));
       // even bf16 in the low halves, odd in the high halves: A | (B & C).
-      Put64<kStream>(y + 32 * h, _mm512_ternarylogic_epi32(_mm512_srli_epi32(RoundBf16HiFromBf16(ye), 16),
-                                                           RoundBf16HiFromBf16(yo), hi16, 0xF8));
+      Put64<(kStream > 0)>(y + 32 * h, _mm512_ternarylogic_epi32(_mm512_srli_epi32(RoundBf16HiFromBf16(ye), 16),
+                                                                 RoundBf16HiFromBf16(yo), hi16, 0xF8));
     }
   } else {
     for (int q = 0; q < 4; ++q) {
       const __m512 mult = _mm512_maskz_mov_ps(__mmask16(keep >> (16 * q)), scale);
-      Store16<kStream>(_mm512_mul_ps(Load16(x + 16 * q), mult), y + 16 * q);
+      Store16<(kStream > 0)>(_mm512_mul_ps(Load16(x + 16 * q), mult), y + 16 * q);
     }
   }
 }
 
-template <class TX, class TY, bool kStream>
+template <class TX, class TY, int kStream>
 TEFL_DROPOUT_TARGET int64_t DropoutFwdAvx512Steps(const DropArgs& args, int64_t e, int64_t e1) {
   PhiloxZmm z;
   InitPhiloxZmm(args, z);
@@ -528,32 +529,58 @@ TEFL_DROPOUT_TARGET int64_t DropoutFwdAvx512Steps(const DropArgs& args, int64_t 
     }
     Apply64<TX, TY, kStream>(args, e, keep, scale);
   }
-  if constexpr (kStream) _mm_sfence();
+  if constexpr (kStream > 0) _mm_sfence();
   return e;
 }
 
-// Outputs of at least this many bytes (y and mask) are written with
-// non-temporal stores: they would evict the cache anyway.
+// fp32 outputs of at least this many bytes (y and mask) are written with
+// non-temporal stores: they would evict the cache anyway. Measured on Zen 4
+// at [8192, 4096] (docs/perf-softmax.md): ~12 % faster for fp32 y, ~5 %
+// slower for bf16 y (compute-bound there), so 16-bit outputs are not.
 constexpr int64_t kStreamBytes = int64_t(32) << 20;
 
+// Elements [b, end) (b a multiple of 4) by the scalar Philox.
 template <class TX, class TY>
-TEFL_DROPOUT_TARGET void DropoutFwdAvx512T(const DropArgs& args, int64_t e0, int64_t e1) {
-  const bool stream =
-      args.n * int64_t(sizeof(TY) + 1) >= kStreamBytes &&
-      (reinterpret_cast<uintptr_t>(args.mask + e0) | reinterpret_cast<uintptr_t>(static_cast<TY*>(args.y) + e0)) % 64 ==
-          0;
-  const int64_t e =
-      stream ? DropoutFwdAvx512Steps<TX, TY, true>(args, e0, e1) : DropoutFwdAvx512Steps<TX, TY, false>(args, e0, e1);
-  if (e < e1) {  // the last < 64 elements
-    const uint64_t keep = KeepBitsScalar(args, e, e1 - e);
-    const TX* x = static_cast<const TX*>(args.x);
-    TY* y = static_cast<TY*>(args.y);
-    for (int64_t i = e; i < e1; ++i) {
+void DropoutFwdScalar(const DropArgs& args, int64_t b, int64_t end) {
+  const TX* x = static_cast<const TX*>(args.x);
+  TY* y = static_cast<TY*>(args.y);
+  for (int64_t e = b; e < end; e += 64) {
+    const int64_t n = std::min<int64_t>(64, end - e);
+    const uint64_t keep = KeepBitsScalar(args, e, n);
+    for (int64_t i = e; i < e + n; ++i) {
       const bool kept = (keep >> (i - e)) & 1;
       args.mask[i] = kept ? 1 : 0;
       StoreScalarF(LoadScalarF(x + i) * (kept ? args.scale : 0.0f), y + i);
     }
   }
+}
+
+template <class TX, class TY>
+TEFL_DROPOUT_TARGET void DropoutFwdAvx512T(const DropArgs& args, int64_t e0, int64_t e1) {
+  int64_t e = e0;
+  int stream = 0;
+  if (sizeof(TY) == 4 && args.n * int64_t(sizeof(TY) + 1) >= kStreamBytes) {
+    // Stream y from its first 64-byte boundary (the head, whole groups of 4,
+    // by the scalar Philox); the mask too where it is then aligned as well.
+    const int64_t head_bytes = int64_t(64 - reinterpret_cast<uintptr_t>(static_cast<TY*>(args.y) + e0) % 64) % 64;
+    if (head_bytes % int64_t(4 * sizeof(TY)) == 0) {
+      const int64_t head = std::min(head_bytes / int64_t(sizeof(TY)), e1 - e0);
+      DropoutFwdScalar<TX, TY>(args, e0, e0 + head);
+      e = e0 + head;
+      stream = reinterpret_cast<uintptr_t>(args.mask + e) % 64 == 0 ? 2 : 1;
+    }
+  }
+  switch (stream) {
+    case 2:
+      e = DropoutFwdAvx512Steps<TX, TY, 2>(args, e, e1);
+      break;
+    case 1:
+      e = DropoutFwdAvx512Steps<TX, TY, 1>(args, e, e1);
+      break;
+    default:
+      e = DropoutFwdAvx512Steps<TX, TY, 0>(args, e, e1);
+  }
+  DropoutFwdScalar<TX, TY>(args, e, e1);  // the last < 64 elements
 }
 
 template <class TX>
