@@ -9,10 +9,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "backends/portable/cpu_paths.h"
+#include "backends/portable/dropout_hooks.h"
 #include "test_support.h"
 
 namespace {
@@ -50,6 +54,12 @@ Words Philox(Words ctr, uint32_t k0, uint32_t k1) {
 // The keep byte of element i (include/tefl/ops.h): word i % 4 of Philox with
 // key (lo, hi seed) and counter (lo, hi i / 4, lo, hi offset), kept iff the
 // word >= ceil(p * 2^32).
+uint8_t KeepInGroup(uint64_t seed, uint64_t offset, float p, uint64_t g, int k) {
+  const Words w = Philox({{uint32_t(g), uint32_t(g >> 32), uint32_t(offset), uint32_t(offset >> 32)}}, uint32_t(seed),
+                         uint32_t(seed >> 32));
+  const double threshold = std::ceil(double(p) * 4294967296.0);
+  return double(w.w[k]) >= threshold ? 1 : 0;
+}
 uint8_t Keep(uint64_t seed, uint64_t offset, float p, uint64_t i) {
   const uint64_t g = i / 4;
   const Words w = Philox({{uint32_t(g), uint32_t(g >> 32), uint32_t(offset), uint32_t(offset >> 32)}}, uint32_t(seed),
@@ -305,6 +315,112 @@ TEST(DropoutSpecial, BadInputsRejectedOutputsUntouched) {
       EXPECT_TRUE(y.SameBytes(y0)) << "output written on error";
       EXPECT_TRUE(m.SameBytes(m0)) << "mask written on error";
     }
+  }
+}
+
+// default.portable's dropout_fwd has an AVX-512 path (fused Philox, mask and
+// output, 64 elements a step, scalar Philox for the tail) and the Highway
+// path (TEFL_PORTABLE_DROPOUT_AVX512=0; also the whole suite under ctest's
+// DropoutNoAvx512). Both give the same mask and output bytes: every dtype
+// pair, sizes around the 64-element step and the 4096-element thread grain,
+// p = 0 and tiny p, NaN / inf / subnormal / huge inputs.
+TEST(DropoutSpecial, Avx512PathMatchesHighwayPath) {
+  const std::vector<int64_t> sizes = {1, 63, 64, 65, 127, 129, 4095, 4097, 3 * 4096 + 61};
+  const Combo combos[] = {{DType::kF32, DType::kF32},  {DType::kBF16, DType::kBF16}, {DType::kF16, DType::kF16},
+                          {DType::kBF16, DType::kF32}, {DType::kF32, DType::kBF16},  {DType::kF16, DType::kBF16}};
+  for (const Combo& c : combos) {
+    for (int64_t n : sizes) {
+      for (float p : {0.0f, 1e-6f, 0.1f, 0.5f, 0.97f}) {
+        SCOPED_TRACE(fmt::format("{} -> {}, n {}, p {}", Short(c.x), Short(c.y), n, p));
+        Tensor x(c.x, {n});
+        x.Uniform(fmt::format("paths/{}", n));
+        const double specials[] = {std::nan(""),
+                                   std::numeric_limits<double>::infinity(),
+                                   -std::numeric_limits<double>::infinity(),
+                                   1e-40,
+                                   -3e-39,
+                                   3e38,
+                                   -65504.0,
+                                   0.0};
+        for (int64_t i = 0; i < n; i += 7) x.set(i, specials[(i / 7) % std::size(specials)]);
+        const tefl_dropout_attrs a = Attrs(0xFEDCBA9876543210ull + uint64_t(n), 0x0000000700000003ull, p);
+        Tensor y0 = Sentinel(c.y, {n}), m0 = Sentinel(DType::kU8, {n});
+        Tensor y1 = Sentinel(c.y, {n}), m1 = Sentinel(DType::kU8, {n});
+        ASSERT_EQ(setenv("TEFL_PORTABLE_DROPOUT_AVX512", "0", 1), 0);
+        tefl::backends::ReloadPortableSwitches();
+        const Status s0 = RunImpl("dropout_fwd", "default.portable", {&x}, {&y0, &m0}, &a);
+        unsetenv("TEFL_PORTABLE_DROPOUT_AVX512");
+        tefl::backends::ReloadPortableSwitches();
+        ASSERT_TRUE(s0.ok()) << s0.ToString();
+        ASSERT_TRUE(RunImpl("dropout_fwd", "default.portable", {&x}, {&y1, &m1}, &a).ok());
+        EXPECT_TRUE(m0.SameBytes(m1)) << "mask";
+        EXPECT_TRUE(y0.SameBytes(y1)) << "output";
+        EXPECT_TRUE(y1.GuardsIntact() && m1.GuardsIntact());
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(m1.at(i), Keep(a.seed, a.offset, p, uint64_t(i))) << i;
+      }
+    }
+  }
+}
+
+// Philox groups near multiples of 2^32 (the counter's low word wraps inside a
+// 16-counter step, the high word changes) through the AVX-512 path's test
+// hook: mask against the independent Philox, output against x * scale.
+TEST(DropoutSpecial, Avx512PathNearGroupWrap) {
+  if (!tefl::backends::CpuHasAvx512Bmi2()) GTEST_SKIP() << "no AVX-512 path on this CPU";
+  const int64_t n = 64 * 9 + 37;
+  const size_t count = size_t(n);
+  std::vector<float> x(count), y(count);
+  std::vector<uint8_t> m(count);
+  for (int64_t i = 0; i < n; ++i) x[size_t(i)] = float(i % 13) - 6.5f;
+  for (uint64_t first : {(uint64_t(1) << 32) - 72, (uint64_t(1) << 32) - 64, (uint64_t(1) << 32) - 1,
+                         (uint64_t(5) << 32) - 40, (uint64_t(5) << 32) + 3, ~uint64_t(0) - 100}) {
+    SCOPED_TRACE(first);
+    const float p = 0.3f;
+    ASSERT_TRUE(tefl::backends::PortableDropoutFwdAtGroup(DType::kF32, DType::kF32, n, first, 77, 0x123456789ull, p,
+                                                          x.data(), y.data(), m.data()));
+    const float scale = float(1.0 / (1.0 - double(p)));
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(m[size_t(i)], KeepInGroup(77, 0x123456789ull, p, first + uint64_t(i) / 4, int(i % 4))) << i;
+      ASSERT_EQ(y[size_t(i)], m[size_t(i)] ? x[size_t(i)] * scale : x[size_t(i)] * 0.0f) << i;
+    }
+  }
+}
+
+// fp32 outputs of >= 32 MiB are stored non-temporally by the AVX-512 path
+// from y's first 64-byte boundary (a scalar head before it), the mask too
+// where it is then aligned: same bytes as the Highway path (these tensors'
+// data sit 16 bytes past a 64-byte boundary: y streamed, mask not), and,
+// with 64-byte aligned buffers through the test hook, both streamed. bf16
+// (plain stores) checked alike.
+TEST(DropoutSpecial, Avx512StreamingStoresLargeOutputs) {
+  const int64_t n = (int64_t(8) << 20) + 37;
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(Short(t));
+    Tensor x(t, {n});
+    x.Uniform("stream");
+    const tefl_dropout_attrs a = Attrs(5, 6, 0.25f);
+    Tensor y0(t, {n}), m0(DType::kU8, {n}), y1(t, {n}), m1(DType::kU8, {n});
+    ASSERT_EQ(setenv("TEFL_PORTABLE_DROPOUT_AVX512", "0", 1), 0);
+    tefl::backends::ReloadPortableSwitches();
+    const Status s0 = RunImpl("dropout_fwd", "default.portable", {&x}, {&y0, &m0}, &a);
+    unsetenv("TEFL_PORTABLE_DROPOUT_AVX512");
+    tefl::backends::ReloadPortableSwitches();
+    ASSERT_TRUE(s0.ok()) << s0.ToString();
+    ASSERT_TRUE(RunImpl("dropout_fwd", "default.portable", {&x}, {&y1, &m1}, &a).ok());
+    EXPECT_TRUE(m0.SameBytes(m1)) << "mask";
+    EXPECT_TRUE(y0.SameBytes(y1)) << "output";
+    EXPECT_TRUE(y1.GuardsIntact() && m1.GuardsIntact());
+    if (!tefl::backends::CpuHasAvx512Bmi2()) continue;
+    // Aligned buffers: both outputs streamed.
+    const size_t elem = t == DType::kF32 ? 4 : 2, bytes = size_t(n) * elem;
+    auto aligned = [](size_t b) { return static_cast<uint8_t*>(std::aligned_alloc(64, (b + 63) / 64 * 64)); };
+    uint8_t *y2 = aligned(bytes), *m2 = aligned(size_t(n));
+    ASSERT_TRUE(y2 != nullptr && m2 != nullptr);
+    ASSERT_TRUE(tefl::backends::PortableDropoutFwdAtGroup(t, t, n, 0, 5, 6, 0.25f, x.bytes(), y2, m2));
+    EXPECT_EQ(std::memcmp(m2, m1.bytes(), size_t(n)), 0) << "mask (aligned)";
+    EXPECT_EQ(std::memcmp(y2, y1.bytes(), bytes), 0) << "output (aligned)";
+    std::free(y2);
+    std::free(m2);
   }
 }
 
