@@ -388,10 +388,10 @@ TEST(DropoutSpecial, Avx512PathNearGroupWrap) {
 
 // fp32 outputs of >= 32 MiB are stored non-temporally by the AVX-512 path
 // from y's first 64-byte boundary (a scalar head before it), the mask too
-// where it is then aligned: same bytes as the Highway path (these tensors'
-// data sit 16 bytes past a 64-byte boundary: y streamed, mask not), and,
-// with 64-byte aligned buffers through the test hook, both streamed. bf16
-// (plain stores) checked alike.
+// where it is then aligned: same bytes as the Highway path (the tensors'
+// data are 64-byte aligned: both streamed), and, through the test hook, with
+// buffers 16 bytes past a 64-byte boundary (y streamed after its head, mask
+// not). bf16 (plain stores) checked alike.
 TEST(DropoutSpecial, Avx512StreamingStoresLargeOutputs) {
   const int64_t n = (int64_t(8) << 20) + 37;
   for (DType t : {DType::kF32, DType::kBF16}) {
@@ -411,14 +411,15 @@ TEST(DropoutSpecial, Avx512StreamingStoresLargeOutputs) {
     EXPECT_TRUE(y0.SameBytes(y1)) << "output";
     EXPECT_TRUE(y1.GuardsIntact() && m1.GuardsIntact());
     if (!tefl::backends::CpuHasAvx512Bmi2()) continue;
-    // Aligned buffers: both outputs streamed.
+    // Buffers 16 bytes past a 64-byte boundary: y streamed after a scalar
+    // head, the mask not streamed.
     const size_t elem = t == DType::kF32 ? 4 : 2, bytes = size_t(n) * elem;
-    auto aligned = [](size_t b) { return static_cast<uint8_t*>(std::aligned_alloc(64, (b + 63) / 64 * 64)); };
+    auto aligned = [](size_t b) { return static_cast<uint8_t*>(std::aligned_alloc(64, (b + 64 + 63) / 64 * 64)); };
     uint8_t *y2 = aligned(bytes), *m2 = aligned(size_t(n));
     ASSERT_TRUE(y2 != nullptr && m2 != nullptr);
-    ASSERT_TRUE(tefl::backends::PortableDropoutFwdAtGroup(t, t, n, 0, 5, 6, 0.25f, x.bytes(), y2, m2));
-    EXPECT_EQ(std::memcmp(m2, m1.bytes(), size_t(n)), 0) << "mask (aligned)";
-    EXPECT_EQ(std::memcmp(y2, y1.bytes(), bytes), 0) << "output (aligned)";
+    ASSERT_TRUE(tefl::backends::PortableDropoutFwdAtGroup(t, t, n, 0, 5, 6, 0.25f, x.bytes(), y2 + 16, m2 + 16));
+    EXPECT_EQ(std::memcmp(m2 + 16, m1.bytes(), size_t(n)), 0) << "mask (unaligned)";
+    EXPECT_EQ(std::memcmp(y2 + 16, y1.bytes(), bytes), 0) << "output (unaligned)";
     std::free(y2);
     std::free(m2);
   }

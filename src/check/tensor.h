@@ -1,17 +1,36 @@
-// Host tensors for checking implementations: owning, any dtype, guard
-// bytes around the data, deterministic fill, and TransformerEngine's
+// Host tensors for checking implementations: owning, any dtype, 64-byte
+// aligned data with guard bytes around it, deterministic fill, and TransformerEngine's
 // comparison rule (spec/ops.md, Tolerances). Used by `tefl check`, the demo
 // and the test suites.
 #ifndef TEFL_SRC_CHECK_TENSOR_H_
 #define TEFL_SRC_CHECK_TENSOR_H_
 
+#include <cstddef>
 #include <cstdint>
+#include <new>
 #include <string>
 #include <vector>
 
 #include "core/dtype.h"
 
 namespace tefl::check {
+
+// 64-byte aligned storage: data starts a whole guard (64 bytes) in, so it is
+// aligned as a framework's tensors are (torch's CPU allocator aligns to 64)
+// and kernels take the paths they take there (streaming stores need it).
+template <class T>
+struct CacheLineAllocator {
+  using value_type = T;
+  CacheLineAllocator() = default;
+  template <class U>
+  CacheLineAllocator(const CacheLineAllocator<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(64)); }
+  template <class U>
+  bool operator==(const CacheLineAllocator<U>&) const {
+    return true;
+  }
+};
 
 class Tensor {
  public:
@@ -45,7 +64,7 @@ class Tensor {
   DType dtype_ = DType::kF32;
   std::vector<int64_t> shape_;
   int64_t numel_ = 0;
-  std::vector<uint8_t> storage_;
+  std::vector<uint8_t, CacheLineAllocator<uint8_t>> storage_;
   DLTensor dl_{};
 };
 

@@ -81,9 +81,9 @@ bool CpuHasAvx512Bf16() {
 
 bool CpuHasAvx512Bmi2() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-                          __builtin_cpu_supports("bmi2");
+  static const bool has = ApplyMaxCpuIsa() == CpuIsaCap::kAvx512 && __builtin_cpu_supports("avx512f") &&
+                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("bmi2");
   return has;
 #else
   return false;

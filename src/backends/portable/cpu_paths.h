@@ -24,7 +24,8 @@ enum class PortablePath : int {
 // has), `avx2`, `sse4`, or `baseline` (the build's baseline target). Read
 // once, on the first call of ApplyMaxCpuIsa or CpuHasAvx512Bf16; it removes
 // the better Highway targets from dynamic dispatch (hwy::DisableTargets) and,
-// below avx512, turns off the own AVX512-BF16 kernels. An unknown value logs
+// below avx512, turns off the own AVX-512 kernels (CpuHasAvx512Bf16 and
+// CpuHasAvx512Bmi2 answer false). An unknown value logs
 // a WARNING and is ignored. Lets a machine with AVX-512 test the code paths
 // of one without it.
 enum class CpuIsaCap : int { kBaseline, kSse4, kAvx2, kAvx512 };
