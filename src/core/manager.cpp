@@ -734,8 +734,6 @@ inline bool AnyOverlap(int nin, int n, const uintptr_t* lo, const uintptr_t* hi)
 }
 }  // namespace
 
-// The rest of a run once the pointers passed their checks (just now, or on
-// an earlier run with the same pointers): content checks, then dispatch.
 namespace {
 // Whether now[i] == last[i] for every i.
 __attribute__((always_inline)) inline bool SamePointers(std::span<void* const> now, void* const* last) {
@@ -745,6 +743,8 @@ __attribute__((always_inline)) inline bool SamePointers(std::span<void* const> n
 }
 }  // namespace
 
+// The rest of a run once the pointers passed their checks (just now, or on
+// an earlier run with the same pointers): content checks, then dispatch.
 __attribute__((always_inline)) inline Status PreparedCall::RunChecked(void* stream) {
   Rep& p = *rep_;
   const OpSchema& op = *p.op;
