@@ -68,26 +68,28 @@ const char* PortableTargetName() {
   return hwy::TargetName(targets & -targets);  // the best one: the lowest bit
 }
 
-bool CpuHasAvx512Bf16() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  static const bool has = ApplyMaxCpuIsa() == CpuIsaCap::kAvx512 && __builtin_cpu_supports("avx512f") &&
-                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-                          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bf16");
-  return has;
+#define TEFL_CPU_SUPPORTS(feature) __builtin_cpu_supports(feature)
 #else
-  return false;
+#define TEFL_CPU_SUPPORTS(feature) false
 #endif
+
+namespace {
+// AVX512-F/BW/VL/DQ, allowed by TEFL_MAX_CPU_ISA.
+bool CpuHasAvx512Core() {
+  return ApplyMaxCpuIsa() == CpuIsaCap::kAvx512 && TEFL_CPU_SUPPORTS("avx512f") && TEFL_CPU_SUPPORTS("avx512bw") &&
+         TEFL_CPU_SUPPORTS("avx512vl") && TEFL_CPU_SUPPORTS("avx512dq");
+}
+}  // namespace
+
+bool CpuHasAvx512Bf16() {
+  static const bool has = CpuHasAvx512Core() && TEFL_CPU_SUPPORTS("avx512bf16");
+  return has;
 }
 
 bool CpuHasAvx512Bmi2() {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  static const bool has = ApplyMaxCpuIsa() == CpuIsaCap::kAvx512 && __builtin_cpu_supports("avx512f") &&
-                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-                          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("bmi2");
+  static const bool has = CpuHasAvx512Core() && TEFL_CPU_SUPPORTS("bmi2");
   return has;
-#else
-  return false;
-#endif
 }
 
 static bool CpuHas(Needs needs) {

@@ -283,27 +283,6 @@ namespace {
 using hwy::bfloat16_t;
 using hwy::float16_t;
 
-inline float LoadScalarF(const float* p) { return *p; }
-inline float LoadScalarF(const bfloat16_t* p) {
-  uint16_t b;
-  std::memcpy(&b, p, 2);
-  return BF16ToFloat(b);
-}
-inline float LoadScalarF(const float16_t* p) {
-  uint16_t b;
-  std::memcpy(&b, p, 2);
-  return F16ToFloat(b);
-}
-inline void StoreScalarF(float v, float* p) { *p = v; }
-inline void StoreScalarF(float v, bfloat16_t* p) {
-  const uint16_t b = FloatToBF16(v);
-  std::memcpy(p, &b, 2);
-}
-inline void StoreScalarF(float v, float16_t* p) {
-  const uint16_t b = FloatToF16(v);
-  std::memcpy(p, &b, 2);
-}
-
 struct PhiloxZmm {
   __m512i m0, m1, k0[10], k1[10];  // u64 lanes, value in the low half
   uint64_t hi = ~uint64_t(0);      // hi32(g) the constants below are for
@@ -550,7 +529,7 @@ void DropoutFwdScalar(const DropArgs& args, int64_t b, int64_t end) {
     for (int64_t i = e; i < e + n; ++i) {
       const bool kept = (keep >> (i - e)) & 1;
       args.mask[i] = kept ? 1 : 0;
-      StoreScalarF(LoadScalarF(x + i) * (kept ? args.scale : 0.0f), y + i);
+      ScalarStore(ScalarLoad(x + i) * (kept ? args.scale : 0.0f), y + i);
     }
   }
 }

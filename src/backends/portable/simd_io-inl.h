@@ -9,11 +9,40 @@
 // ---- Shared by every target (defined once) ----------------------------------
 #ifndef TEFL_BACKENDS_PORTABLE_SIMD_IO_SHARED_
 #define TEFL_BACKENDS_PORTABLE_SIMD_IO_SHARED_
+#include <hwy/base.h>
+
+#include <cstdint>
+#include <cstring>
+
 #include "backends/portable/cpu_paths.h"
+#include "core/dtype.h"
 namespace tefl::backends {
 // The AVX512-BF16 store path (TEFL_BF16_NATIVE targets): the CPU has it and
 // TEFL_PORTABLE_BF16_CVT=0 is not set (cpu_paths.h).
 inline bool UseBf16NativeStore() { return PortablePathOn(PortablePath::kBf16Cvt); }
+
+// ---- Scalar element access (tails; fp16 on targets without F16C; code
+// outside Highway's targets) ---------------------------------------------------
+inline float ScalarLoad(const float* p) { return *p; }
+inline float ScalarLoad(const hwy::bfloat16_t* p) {
+  uint16_t b;
+  std::memcpy(&b, p, 2);
+  return BF16ToFloat(b);
+}
+inline float ScalarLoad(const hwy::float16_t* p) {
+  uint16_t b;
+  std::memcpy(&b, p, 2);
+  return F16ToFloat(b);
+}
+inline void ScalarStore(float v, float* p) { *p = v; }
+inline void ScalarStore(float v, hwy::bfloat16_t* p) {
+  const uint16_t b = FloatToBF16(v);
+  std::memcpy(p, &b, 2);
+}
+inline void ScalarStore(float v, hwy::float16_t* p) {
+  const uint16_t b = FloatToF16(v);
+  std::memcpy(p, &b, 2);
+}
 }  // namespace tefl::backends
 #endif  // TEFL_BACKENDS_PORTABLE_SIMD_IO_SHARED_
 
@@ -47,28 +76,6 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 using hwy::bfloat16_t;
 using hwy::float16_t;
-
-// ---- Scalar element access (tails; fp16 on targets without F16C) ----------
-inline float ScalarLoad(const float* p) { return *p; }
-inline float ScalarLoad(const bfloat16_t* p) {
-  uint16_t b;
-  std::memcpy(&b, p, 2);
-  return BF16ToFloat(b);
-}
-inline float ScalarLoad(const float16_t* p) {
-  uint16_t b;
-  std::memcpy(&b, p, 2);
-  return F16ToFloat(b);
-}
-inline void ScalarStore(float v, float* p) { *p = v; }
-inline void ScalarStore(float v, bfloat16_t* p) {
-  const uint16_t b = FloatToBF16(v);
-  std::memcpy(p, &b, 2);
-}
-inline void ScalarStore(float v, float16_t* p) {
-  const uint16_t b = FloatToF16(v);
-  std::memcpy(p, &b, 2);
-}
 
 // ---- Vector loads: Lanes(df) elements of any float dtype as fp32 ----------
 template <class DF>
