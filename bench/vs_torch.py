@@ -2,7 +2,7 @@
 """tefl's default.portable against PyTorch on the CPU, same machine, same run.
 
 usage: bench/vs_torch.py [--tefl build/release/tools/tefl/tefl] [--family F ...]
-                         [--quick] [--markdown]
+                         [--op OP ...] [--dtype D ...] [--repeats N] [--quick] [--markdown]
 
 For each case: tefl's time per call on warm, preallocated outputs (measured
 by `tefl bench`, which also measures this machine's copy bandwidth at the
@@ -11,7 +11,10 @@ thread count: its own fused op where one exists, otherwise its composition of
 the same maths (as TransformerEngine's unfused paths write it). torch is timed
 both as called (it allocates its outputs: large allocations are fresh mmap'd
 pages every call) and, where aten has `.out` overloads, into preallocated
-outputs; the ratio is against the faster of the two.
+outputs; the ratio is against the faster of the two. With --repeats N each
+case is measured N times, tefl and torch alternating, and the table gives the
+medians and the range of the ratio (memory-bound rows at parity need this:
+one sample on a shared machine decides little).
 
 Needs torch 2.13 CPU (`pip install torch==2.13.0`).
 """
@@ -22,6 +25,7 @@ import os
 import subprocess
 import sys
 import time
+from statistics import median
 
 import torch
 import torch.nn.functional as F
@@ -215,6 +219,9 @@ def main():
     ap.add_argument("--dtype", action="append")
     ap.add_argument("--quick", action="store_true", help="smaller softmax and shorter sampling")
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--op", action="append", help="only this tefl op (repeatable)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="measure each case N times, tefl and torch alternating; report medians and the ratio range")
     args = ap.parse_args()
     dtypes = args.dtype or ["fp32", "bf16"]
     min_time = 0.2 if args.quick else 0.5
@@ -222,38 +229,62 @@ def main():
     cases = norm_cases() + act_cases() + softmax_cases(sm_shape) + rope_cases([4096, 2, 32, 128]) + dropout_cases()
     if args.family:
         cases = [c for c in cases if c[0] in args.family]
+    if args.op:
+        cases = [c for c in cases if c[1] in args.op]
+    if args.repeats < 1:
+        ap.error("--repeats must be at least 1")
     rows = []
     threads = None
     for family, op, shape, kind, build in cases:
         for dt in dtypes:
-            res, err = tefl_bench(args.tefl, op, shape, dt, min_time)
-            if res is None:
-                print(f"{op} {dt}: tefl bench failed: {err}", file=sys.stderr)
+            # Repeats alternate tefl and torch, so a slow spell of the shared
+            # machine hits both; the figures are medians over the repeats.
+            tefl_ms, gbps, pct, copies, t_called, t_pre, ratios = [], [], [], [], [], [], []
+            fns = None
+            for _ in range(args.repeats):
+                res, err = tefl_bench(args.tefl, op, shape, dt, min_time)
+                if res is None:
+                    print(f"{op} {dt}: tefl bench failed: {err}", file=sys.stderr)
+                    break
+                row, copy_gbps, threads = res
+                torch.set_num_threads(threads)
+                if fns is None:
+                    fns = build(shape, TORCH_DTYPE[dt])
+                called, pre = fns
+                tefl_ms.append(row["seconds"] * 1e3)
+                gbps.append(row["gbps"])
+                pct.append(row["pct_of_copy"])
+                copies.append(copy_gbps)
+                t_called.append(median_ms(called, min_time))
+                t_pre.append(median_ms(pre, min_time) if pre else None)
+                best = min(t_called[-1], t_pre[-1]) if pre else t_called[-1]
+                ratios.append(best / tefl_ms[-1])
+            fns = None
+            if not ratios:
                 continue
-            row, copy_gbps, threads = res
-            torch.set_num_threads(threads)
-            called, pre = build(shape, TORCH_DTYPE[dt])
-            t_called = median_ms(called, min_time)
-            t_pre = median_ms(pre, min_time) if pre else None
-            t_best = min(t_called, t_pre) if t_pre else t_called
-            tefl_ms = row["seconds"] * 1e3
-            rows.append({"op": op, "dtype": dt, "shape": shape, "torch": kind, "tefl_ms": tefl_ms,
-                         "gbps": row["gbps"], "pct_of_copy": row["pct_of_copy"], "copy_gbps": copy_gbps,
-                         "torch_called_ms": t_called, "torch_prealloc_ms": t_pre, "speedup": t_best / tefl_ms})
+            has_pre = t_pre[0] is not None
+            rows.append({"op": op, "dtype": dt, "shape": shape, "torch": kind, "tefl_ms": median(tefl_ms),
+                         "gbps": median(gbps), "pct_of_copy": median(pct), "copy_gbps": median(copies),
+                         "torch_called_ms": median(t_called), "torch_prealloc_ms": median(t_pre) if has_pre else None,
+                         "speedup": median(ratios), "speedup_min": min(ratios), "speedup_max": max(ratios),
+                         "repeats": len(ratios)})
             r = rows[-1]
-            print(f"{op:46s} {dt:4s} tefl {tefl_ms:9.3f} ms {r['gbps']:6.1f} GB/s {r['pct_of_copy']:4.0f}% of copy | "
-                  f"torch {t_called:9.3f} ms" + (f" ({t_pre:.3f} prealloc)" if t_pre else "") +
-                  f" | x{r['speedup']:.2f}", flush=True)
+            spread = f" (x{r['speedup_min']:.2f}-x{r['speedup_max']:.2f} over {len(ratios)})" if len(ratios) > 1 else ""
+            print(f"{op:46s} {dt:4s} tefl {r['tefl_ms']:9.3f} ms {r['gbps']:6.1f} GB/s {r['pct_of_copy']:4.0f}% of copy | "
+                  f"torch {r['torch_called_ms']:9.3f} ms" +
+                  (f" ({r['torch_prealloc_ms']:.3f} prealloc)" if has_pre else "") +
+                  f" | x{r['speedup']:.2f}{spread}", flush=True)
     if args.markdown:
         print(f"\n{threads} threads; copy bandwidth measured by each `tefl bench` run.\n")
         print("| op | dtype | shape | tefl ms | GB/s | % of copy | torch (what) | torch ms as called | torch ms "
-              "preallocated | speed-up vs torch |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+              "preallocated | speed-up vs torch |" + (" range over repeats |" if args.repeats > 1 else ""))
+        print("|---|---|---|---|---|---|---|---|---|---|" + ("---|" if args.repeats > 1 else ""))
         for r in rows:
             pre = f"{r['torch_prealloc_ms']:.3f}" if r["torch_prealloc_ms"] else "-"
             print(f"| {r['op']} | {r['dtype']} | {r['shape']} | {r['tefl_ms']:.3f} | {r['gbps']:.1f} | "
                   f"{r['pct_of_copy']:.0f}% | {r['torch']} | {r['torch_called_ms']:.3f} | {pre} | "
-                  f"{r['speedup']:.2f}x |")
+                  f"{r['speedup']:.2f}x |" +
+                  (f" {r['speedup_min']:.2f}-{r['speedup_max']:.2f}x |" if args.repeats > 1 else ""))
     return 0
 
 
