@@ -207,7 +207,14 @@ TEST(Cli, BenchReportsBandwidthAgainstCopy) {
     EXPECT_GT(row["gbps"].get<double>(), 0);
     EXPECT_NEAR(row["pct_of_copy"].get<double>(), 100.0 * row["gbps"].get<double>() / j["copy_gbps"].get<double>(),
                 1e-6);
+#if defined(__SSE2__)
+    EXPECT_NEAR(row["pct_of_stream_copy"].get<double>(),
+                100.0 * row["gbps"].get<double>() / j["stream_copy_gbps"].get<double>(), 1e-6);
+#endif
   }
+#if defined(__SSE2__)
+  EXPECT_GT(j["stream_copy_gbps"].get<double>(), 0);
+#endif
   EXPECT_TRUE(impls.count("default.portable") && impls.count("reference.cpp"));
 }
 
@@ -244,9 +251,9 @@ TEST(Cli, DemoReferenceHasZeroErrorDefaultWithinTolerance) {
       EXPECT_EQ(op["implementation"], "default.portable") << op.dump();
     }
   }
-  for (const char* op : {"rmsnorm_fwd", "generic_gemm (qkv projection)", "fused_rope_forward", "fused_attn_fwd",
-                         "swiglu", "dswiglu", "generic_gemm (mlp up, wgrad)", "fused_attn_bwd", "fused_rope_backward",
-                         "rmsnorm_bwd_add"})
+  for (const char* op :
+       {"rmsnorm_fwd", "generic_gemm (qkv projection)", "fused_rope_forward", "fused_attn_fwd", "swiglu", "dswiglu",
+        "generic_gemm (mlp up, wgrad)", "fused_attn_bwd", "fused_rope_backward", "rmsnorm_bwd_add"})
     EXPECT_TRUE(ops.count(op)) << op;
   // Only the residual adds are the demo's own code.
   for (const auto& op : j["ops"]) {

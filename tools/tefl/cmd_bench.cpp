@@ -2,9 +2,13 @@
 // [--plot FILE.png]: per op x implementation, the time of one call on warm,
 // preallocated outputs, its GB/s (bytes of every input and output) and that
 // as a percentage of this machine's copy bandwidth, measured at the start
-// of the run with the same threads.
+// of the run with the same threads: memcpy's, and (x86) a copy that writes
+// with non-temporal stores, the roofline of a kernel that streams its output.
 #include <fmt/format.h>
 #include <unistd.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -38,8 +42,40 @@ double MedianSeconds(Fn&& fn, double min_time) {
   return samples[samples.size() / 2];
 }
 
-// Parallel memcpy bandwidth (bytes read + written per second) over 256 MiB.
-double MeasureCopyBandwidth(double min_time) {
+// Copy bandwidth (bytes read + written per second) over 256 MiB, 64 KiB
+// blocks over the host pool. kMemcpy: glibc's memcpy (at 64 KiB it stores
+// through the cache, so every destination line is also read for ownership).
+// kStreaming: 16-byte loads and non-temporal stores (no read for ownership),
+// what the portable kernels do for outputs of 32 MiB and more.
+enum class CopyKind { kMemcpy, kStreaming };
+
+void StreamingCopy(char* dst, const char* src, size_t n) {
+#if defined(__SSE2__)
+  for (size_t i = 0; i < n; i += 64) {
+    const __m128i a = _mm_load_si128(reinterpret_cast<const __m128i*>(src + i));
+    const __m128i b = _mm_load_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+    const __m128i c = _mm_load_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+    const __m128i d = _mm_load_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+  }
+  _mm_sfence();
+#else
+  std::memcpy(dst, src, n);
+#endif
+}
+
+// Whether this build can measure the streaming copy (else it is not reported).
+constexpr bool kHaveStreamingCopy =
+#if defined(__SSE2__)
+    true;
+#else
+    false;
+#endif
+
+double MeasureCopyBandwidth(double min_time, CopyKind kind) {
   const size_t bytes = size_t(256) << 20;
   struct Free {
     void operator()(char* p) const { std::free(p); }
@@ -52,7 +88,14 @@ double MeasureCopyBandwidth(double min_time) {
   const double s = MedianSeconds(
       [&] {
         ParallelFor(blocks, 1, [&](int64_t b, int64_t e) {
-          std::memcpy(dst.get() + b * 65536, src.get() + b * 65536, size_t(e - b) * 65536);
+          char* d = dst.get() + b * 65536;
+          const char* from = src.get() + b * 65536;
+          const size_t n = size_t(e - b) * 65536;
+          if (kind == CopyKind::kStreaming) {
+            StreamingCopy(d, from, n);
+          } else {
+            std::memcpy(d, from, n);
+          }
         });
       },
       min_time);
@@ -124,10 +167,11 @@ void AddBenchCommand(CLI::App& app) {
       for (const OpSchema& op : AllOps())
         if (op.name) ops.push_back(&op);
 
-    const double copy_bps = MeasureCopyBandwidth(args->min_time);
+    const double copy_bps = MeasureCopyBandwidth(args->min_time, CopyKind::kMemcpy);
+    const double stream_bps = kHaveStreamingCopy ? MeasureCopyBandwidth(args->min_time, CopyKind::kStreaming) : 0;
     const bool progress = StderrIsTerminal() && !args->json;
     nlohmann::json rows = nlohmann::json::array();
-    Table t({"op", "impl", "dtype", "shape", "time", "GB/s", "% of copy", "note"});
+    Table t({"op", "impl", "dtype", "shape", "time", "GB/s", "% of copy", "% of NT copy", "note"});
     for (const OpSchema* op : ops) {
       check::GridOptions o;
       o.dtype = dtype;
@@ -148,7 +192,7 @@ void AddBenchCommand(CLI::App& app) {
         if (!(impl.device_mask & TEFL_DEVICE_BIT(kDLCPU))) continue;
         if (args->impls.empty() && impl.kind == BackendImplKind::REFERENCE && ReferenceTooSlow(op->family)) {
           const std::string why = "not timed: naive loops at this size (--impl " + impl.impl_id + " times it)";
-          t.Add({op->name, impl.impl_id, c.dtype, c.shape, "-", "-", "-", why});
+          t.Add({op->name, impl.impl_id, c.dtype, c.shape, "-", "-", "-", "-", why});
           rows.push_back({{"op", op->name}, {"impl", impl.impl_id}, {"skipped", why}});
           continue;
         }
@@ -163,7 +207,7 @@ void AddBenchCommand(CLI::App& app) {
                               {"shape", c.shape}, {"bytes", bytes},       {"copy_gbps", copy_bps / 1e9}};
         if (!first.ok()) {
           row["error"] = first.message();
-          t.Add({op->name, impl.impl_id, c.dtype, c.shape, "-", "-", "-", "not run: " + first.message()});
+          t.Add({op->name, impl.impl_id, c.dtype, c.shape, "-", "-", "-", "-", "not run: " + first.message()});
           rows.push_back(row);
           continue;
         }
@@ -178,22 +222,31 @@ void AddBenchCommand(CLI::App& app) {
         row["seconds"] = s;
         row["gbps"] = gbps;
         row["pct_of_copy"] = pct;
+        std::string pct_stream = "-";
+        if (stream_bps > 0) {
+          row["pct_of_stream_copy"] = 100.0 * bytes / s / stream_bps;
+          pct_stream = fmt::format("{:.0f}%", row["pct_of_stream_copy"].get<double>());
+        }
         rows.push_back(row);
         t.Add({op->name, impl.impl_id, c.dtype, c.shape,
                s < 1e-3 ? fmt::format("{:.1f} us", s * 1e6) : fmt::format("{:.3f} ms", s * 1e3),
-               fmt::format("{:.1f}", gbps), fmt::format("{:.0f}%", pct), c.note});
+               fmt::format("{:.1f}", gbps), fmt::format("{:.0f}%", pct), pct_stream, c.note});
       }
     }
     if (progress) std::fprintf(stderr, "\r\033[K");
     const char* target = backends::PortableTargetName();
     nlohmann::json j = {
         {"copy_gbps", copy_bps / 1e9}, {"threads", ThreadPoolSize()}, {"portable_target", target}, {"results", rows}};
+    if (stream_bps > 0) j["stream_copy_gbps"] = stream_bps / 1e9;
     if (args->json) {
       std::printf("%s\n", j.dump(2).c_str());
     } else {
+      const std::string nt = stream_bps > 0
+                                 ? fmt::format("; with non-temporal stores (NT copy): {:.1f} GB/s", stream_bps / 1e9)
+                                 : std::string("; NT copy: not measured on this CPU");
       std::printf(
-          "copy bandwidth (parallel memcpy, 256 MiB, %d threads): %.1f GB/s; default.portable's CPU target: %s\n%s",
-          ThreadPoolSize(), copy_bps / 1e9, target, t.ToString().c_str());
+          "copy bandwidth (parallel memcpy, 256 MiB, %d threads): %.1f GB/s%s; default.portable's CPU target: %s\n%s",
+          ThreadPoolSize(), copy_bps / 1e9, nt.c_str(), target, t.ToString().c_str());
     }
     if (!args->plot.empty()) {
       const std::string script = PlotScript();
