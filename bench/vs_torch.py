@@ -239,7 +239,7 @@ def main():
         for dt in dtypes:
             # Repeats alternate tefl and torch, so a slow spell of the shared
             # machine hits both; the figures are medians over the repeats.
-            tefl_ms, gbps, pct, copies, t_called, t_pre, ratios = [], [], [], [], [], [], []
+            tefl_ms, gbps, pct, pct_nt, copies, t_called, t_pre, ratios = [], [], [], [], [], [], [], []
             fns = None
             for _ in range(args.repeats):
                 res, err = tefl_bench(args.tefl, op, shape, dt, min_time)
@@ -254,6 +254,7 @@ def main():
                 tefl_ms.append(row["seconds"] * 1e3)
                 gbps.append(row["gbps"])
                 pct.append(row["pct_of_copy"])
+                pct_nt.append(row.get("pct_of_stream_copy", float("nan")))
                 copies.append(copy_gbps)
                 t_called.append(median_ms(called, min_time))
                 t_pre.append(median_ms(pre, min_time) if pre else None)
@@ -264,25 +265,27 @@ def main():
                 continue
             has_pre = t_pre[0] is not None
             rows.append({"op": op, "dtype": dt, "shape": shape, "torch": kind, "tefl_ms": median(tefl_ms),
-                         "gbps": median(gbps), "pct_of_copy": median(pct), "copy_gbps": median(copies),
+                         "gbps": median(gbps), "pct_of_copy": median(pct), "pct_of_nt_copy": median(pct_nt), "copy_gbps": median(copies),
                          "torch_called_ms": median(t_called), "torch_prealloc_ms": median(t_pre) if has_pre else None,
                          "speedup": median(ratios), "speedup_min": min(ratios), "speedup_max": max(ratios),
                          "repeats": len(ratios)})
             r = rows[-1]
             spread = f" (x{r['speedup_min']:.2f}-x{r['speedup_max']:.2f} over {len(ratios)})" if len(ratios) > 1 else ""
-            print(f"{op:46s} {dt:4s} tefl {r['tefl_ms']:9.3f} ms {r['gbps']:6.1f} GB/s {r['pct_of_copy']:4.0f}% of copy | "
+            print(f"{op:46s} {dt:4s} tefl {r['tefl_ms']:9.3f} ms {r['gbps']:6.1f} GB/s {r['pct_of_copy']:4.0f}% of copy "
+                  f"{r['pct_of_nt_copy']:4.0f}% of NT copy | "
                   f"torch {r['torch_called_ms']:9.3f} ms" +
                   (f" ({r['torch_prealloc_ms']:.3f} prealloc)" if has_pre else "") +
                   f" | x{r['speedup']:.2f}{spread}", flush=True)
     if args.markdown:
-        print(f"\n{threads} threads; copy bandwidth measured by each `tefl bench` run.\n")
-        print("| op | dtype | shape | tefl ms | GB/s | % of copy | torch (what) | torch ms as called | torch ms "
+        print(f"\n{threads} threads; copy bandwidth (memcpy, and with non-temporal stores: NT copy) measured by each "
+              "`tefl bench` run.\n")
+        print("| op | dtype | shape | tefl ms | GB/s | % of copy | % of NT copy | torch (what) | torch ms as called | torch ms "
               "preallocated | speed-up vs torch |" + (" range over repeats |" if args.repeats > 1 else ""))
-        print("|---|---|---|---|---|---|---|---|---|---|" + ("---|" if args.repeats > 1 else ""))
+        print("|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if args.repeats > 1 else ""))
         for r in rows:
             pre = f"{r['torch_prealloc_ms']:.3f}" if r["torch_prealloc_ms"] else "-"
             print(f"| {r['op']} | {r['dtype']} | {r['shape']} | {r['tefl_ms']:.3f} | {r['gbps']:.1f} | "
-                  f"{r['pct_of_copy']:.0f}% | {r['torch']} | {r['torch_called_ms']:.3f} | {pre} | "
+                  f"{r['pct_of_copy']:.0f}% | {r['pct_of_nt_copy']:.0f}% | {r['torch']} | {r['torch_called_ms']:.3f} | {pre} | "
                   f"{r['speedup']:.2f}x |" +
                   (f" {r['speedup_min']:.2f}-{r['speedup_max']:.2f}x |" if args.repeats > 1 else ""))
     return 0
