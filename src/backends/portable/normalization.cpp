@@ -73,6 +73,12 @@ struct FwdArgs {
   std::atomic<uint32_t>* amax_bits;
 };
 
+// Backward scratch per block, in rows of h floats (dz, x, add, dx as fp32;
+// the fp32 column sums of dgamma and dbeta), and the spans of its fp32 sums.
+constexpr size_t kBwdScratchRows = 6;
+constexpr size_t kBwdChunk = 256;
+constexpr int64_t kBwdFoldRows = 16;
+
 // One backward call. add is NULL except for rmsnorm_bwd_add; mu is NULL for
 // RMSNorm; dgamma/dbeta go to per-block double partials, not to tensors.
 struct BwdArgs {
@@ -521,76 +527,160 @@ HWY_INLINE void RowFromF32(const float* src, DType t, void* base, int64_t r, siz
 }
 
 // ---- Backward ----------------------------------------------------------------
-// Exported: rows [r0, r1) of one block. scratch holds 4 * h floats; dg/db
-// (db NULL for RMSNorm) are this block's zero-initialised double partials.
+// Exported: rows [r0, r1) of one block. scratch holds kBwdScratchRows * h
+// floats; dg/db (db NULL for RMSNorm) are this block's zero-initialised double
+// partials. The sums run in fp32 over short spans and are then added in
+// double: a row's two sums over chunks of kBwdChunk elements, the column sums
+// (dgamma, dbeta) over kBwdFoldRows rows at a time, in fp32 row buffers that
+// are then folded into dg/db. That keeps every fp32 sum to at most 256 terms
+// (error far inside the 5e-4 tolerance) and the loops at full vector width;
+// the order is fixed, so results depend only on (rows, num_threads).
+// One row: dz, x, add (NULL but for rmsnorm_bwd_add) and dx of type T (the
+// tensors themselves when every one has the same dtype, else fp32 row copies);
+// next_* the next row's tensor bytes and step_* their bytes per vector of
+// floats, prefetched during pass 2. cg/cb: the fp32 column sums; the tail
+// past the last whole vector goes to dg/db directly.
+struct BwdNext {
+  const char* dz;
+  const char* x;
+  const char* add;  // NULL: none
+  size_t step_dz, step_x, step_add;
+};
+
+template <class T>
+HWY_INLINE void BwdRow(const BwdArgs& a, int64_t r, const T* dz, const T* x, const T* add, T* dx, const BwdNext& nx,
+                       float* HWY_RESTRICT cg, float* HWY_RESTRICT cb, double* dg, double* db) {
+  const hn::ScalableTag<float> df;
+  const size_t nf = hn::Lanes(df);
+  const size_t h = size_t(a.h);
+  const size_t hv = h / nf * nf;
+  const float* HWY_RESTRICT g = a.g;
+  const float mu = a.mu ? a.mu[r] : 0.0f;
+  const float rs = a.rsigma[r];
+  const auto vmu = hn::Set(df, mu);
+  const auto vrs = hn::Set(df, rs);
+  const auto y_at = [&](size_t i) HWY_ATTR { return hn::Mul(hn::Sub(LoadF(df, x + i), vmu), vrs); };
+  const auto dy_at = [&](size_t i) HWY_ATTR { return hn::Mul(hn::LoadU(df, g + i), LoadF(df, dz + i)); };
+
+  // Pass 1: y = (x - mu) * rs, dy = g * dz; sum(dy) and sum(dy * y).
+  double s_dy = 0.0, s_dyy = 0.0;
+  for (size_t c0 = 0; c0 < hv; c0 += kBwdChunk) {
+    const size_t c1 = std::min(hv, c0 + kBwdChunk);
+    auto sdy0 = hn::Zero(df), sdy1 = hn::Zero(df), sdyy0 = hn::Zero(df), sdyy1 = hn::Zero(df);
+    size_t i = c0;
+    for (; i + 2 * nf <= c1; i += 2 * nf) {
+      const auto dy0 = dy_at(i), dy1 = dy_at(i + nf);
+      sdy0 = hn::Add(sdy0, dy0);
+      sdy1 = hn::Add(sdy1, dy1);
+      sdyy0 = hn::MulAdd(dy0, y_at(i), sdyy0);
+      sdyy1 = hn::MulAdd(dy1, y_at(i + nf), sdyy1);
+    }
+    if (i < c1) {
+      const auto dy0 = dy_at(i);
+      sdy0 = hn::Add(sdy0, dy0);
+      sdyy0 = hn::MulAdd(dy0, y_at(i), sdyy0);
+    }
+    s_dy += double(hn::GetLane(hn::SumOfLanes(df, hn::Add(sdy0, sdy1))));
+    s_dyy += double(hn::GetLane(hn::SumOfLanes(df, hn::Add(sdyy0, sdyy1))));
+  }
+  for (size_t i = hv; i < h; ++i) {
+    const float y = (ScalarLoad(x + i) - mu) * rs;
+    const float dy = g[i] * ScalarLoad(dz + i);
+    s_dy += double(dy);
+    s_dyy += double(dy) * double(y);
+  }
+  const float mdy = a.layernorm ? float(s_dy / double(h)) : 0.0f;
+  const float mdyy = float(s_dyy / double(h));
+
+  // Pass 2: dx = rs * (dy - mdyy * y - mdy) (+ add); column sums. Pass 2
+  // touches every 64 bytes of the next row's inputs (this row's again for the
+  // block's last row), so they stream into L2 during this row's arithmetic
+  // instead of stalling the next row's first loads.
+  const auto vmdy = hn::Set(df, mdy);
+  const auto vmdyy = hn::Set(df, mdyy);
+  for (size_t i = 0, k = 0; i < hv; i += nf, ++k) {
+    __builtin_prefetch(nx.dz + k * nx.step_dz, 0, 2);
+    __builtin_prefetch(nx.x + k * nx.step_x, 0, 2);
+    if (nx.add) __builtin_prefetch(nx.add + k * nx.step_add, 0, 2);
+    const auto dzv = LoadF(df, dz + i);
+    const auto y = y_at(i);
+    const auto dy = hn::Mul(hn::LoadU(df, g + i), dzv);
+    auto dxv = hn::Mul(vrs, hn::Sub(hn::NegMulAdd(vmdyy, y, dy), vmdy));
+    // dx may be exactly add (rmsnorm_bwd_add in place): add is read first.
+    if (add) dxv = hn::Add(dxv, LoadF(df, add + i));
+    StoreF(dxv, df, dx + i);
+    hn::StoreU(hn::MulAdd(y, dzv, hn::LoadU(df, cg + i)), df, cg + i);
+    if (db) hn::StoreU(hn::Add(hn::LoadU(df, cb + i), dzv), df, cb + i);
+  }
+  for (size_t i = hv; i < h; ++i) {
+    const float dzi = ScalarLoad(dz + i);
+    const float y = (ScalarLoad(x + i) - mu) * rs;
+    const float dy = g[i] * dzi;
+    float dxv = rs * ((dy - mdyy * y) - mdy);
+    if (add) dxv += ScalarLoad(add + i);
+    ScalarStore(dxv, dx + i);
+    dg[i] += double(y) * double(dzi);
+    if (db) db[i] += double(dzi);
+  }
+}
+
 void NormBwdBlock(const BwdArgs& a, int64_t r0, int64_t r1, float* scratch, double* dg, double* db) {
+  const hn::ScalableTag<float> df;
   const hn::ScalableTag<double> dd;
   const hn::Rebind<float, decltype(dd)> dfh;  // fp32, as many lanes as dd
-  const size_t n = hn::Lanes(dd);
+  const size_t nf = hn::Lanes(df);
+  const size_t nd = hn::Lanes(dd);
   const size_t h = size_t(a.h);
-  const float* HWY_RESTRICT g = a.g;
+  const size_t hv = h / nf * nf;
   float* buf_dz = scratch;
   float* buf_x = scratch + h;
   float* buf_add = scratch + 2 * h;
   float* buf_dx = scratch + 3 * h;
+  float* HWY_RESTRICT cg = scratch + 4 * h;  // fp32 column sums of y * dz since the last fold
+  float* HWY_RESTRICT cb = scratch + 5 * h;  // and of dz (LayerNorm)
+  std::fill(cg, cg + hv, 0.0f);
+  if (db) std::fill(cb, cb + hv, 0.0f);
+  const auto fold = [&](float* HWY_RESTRICT c, double* HWY_RESTRICT d) HWY_ATTR {
+    for (size_t i = 0; i < hv; i += nd) {
+      hn::StoreU(hn::Add(hn::LoadU(dd, d + i), hn::PromoteTo(dd, hn::LoadU(dfh, c + i))), dd, d + i);
+      hn::StoreU(hn::Zero(dfh), dfh, c + i);
+    }
+  };
+  const bool same = a.tdz == a.tx && a.tx == a.tdx && (!a.add || a.tadd == a.tx);
+  const size_t ez = FloatElemSize(a.tdz), ex = FloatElemSize(a.tx), ea = FloatElemSize(a.tadd);
 
+  int64_t since_fold = 0;
   for (int64_t r = r0; r < r1; ++r) {
-    const float* HWY_RESTRICT dz = RowAsF32(a.dz, a.tdz, r, h, buf_dz);
-    const float* HWY_RESTRICT x = RowAsF32(a.x, a.tx, r, h, buf_x);
-    // dx may be exactly add (rmsnorm_bwd_add in place): no restrict on these
-    // two; each element of add is read before dx at the same index is written.
-    const float* add = a.add ? RowAsF32(a.add, a.tadd, r, h, buf_add) : nullptr;
-    float* dx = a.tdx == DType::kF32 ? static_cast<float*>(a.dx) + size_t(r) * h : buf_dx;
-    const float mu = a.mu ? a.mu[r] : 0.0f;
-    const float rs = a.rsigma[r];
-    const auto vmu = hn::Set(dfh, mu);
-    const auto vrs = hn::Set(dfh, rs);
-
-    // Pass 1: y = (x - mu) * rs, dy = g * dz; sum(dy) and sum(dy * y) in double.
-    auto sdy = hn::Zero(dd), sdyy = hn::Zero(dd);
-    size_t i = 0;
-    for (; i + n <= h; i += n) {
-      const auto y = hn::Mul(hn::Sub(hn::LoadU(dfh, x + i), vmu), vrs);
-      const auto dy = hn::Mul(hn::LoadU(dfh, g + i), hn::LoadU(dfh, dz + i));
-      const auto dyd = hn::PromoteTo(dd, dy);
-      sdy = hn::Add(sdy, dyd);
-      sdyy = hn::MulAdd(dyd, hn::PromoteTo(dd, y), sdyy);
+    const size_t rn = size_t(r + 1 < r1 ? r + 1 : r);
+    const BwdNext nx{static_cast<const char*>(a.dz) + rn * h * ez,
+                     static_cast<const char*>(a.x) + rn * h * ex,
+                     a.add ? static_cast<const char*>(a.add) + rn * h * ea : nullptr,
+                     nf * ez,
+                     nf * ex,
+                     nf * ea};
+    const size_t off = size_t(r) * h;
+    if (same && a.tx == DType::kBF16) {
+      BwdRow(a, r, static_cast<const bfloat16_t*>(a.dz) + off, static_cast<const bfloat16_t*>(a.x) + off,
+             a.add ? static_cast<const bfloat16_t*>(a.add) + off : nullptr, static_cast<bfloat16_t*>(a.dx) + off, nx,
+             cg, cb, dg, db);
+    } else if (same && a.tx == DType::kF16) {
+      BwdRow(a, r, static_cast<const float16_t*>(a.dz) + off, static_cast<const float16_t*>(a.x) + off,
+             a.add ? static_cast<const float16_t*>(a.add) + off : nullptr, static_cast<float16_t*>(a.dx) + off, nx, cg,
+             cb, dg, db);
+    } else {
+      // fp32, or mixed dtypes: fp32 rows (the tensors themselves when fp32).
+      const float* dz = RowAsF32(a.dz, a.tdz, r, h, buf_dz);
+      const float* x = RowAsF32(a.x, a.tx, r, h, buf_x);
+      const float* add = a.add ? RowAsF32(a.add, a.tadd, r, h, buf_add) : nullptr;
+      float* dx = a.tdx == DType::kF32 ? static_cast<float*>(a.dx) + off : buf_dx;
+      BwdRow(a, r, dz, x, add, dx, nx, cg, cb, dg, db);
+      if (a.tdx != DType::kF32) RowFromF32(dx, a.tdx, a.dx, r, h);
     }
-    double s_dy = hn::GetLane(hn::SumOfLanes(dd, sdy));
-    double s_dyy = hn::GetLane(hn::SumOfLanes(dd, sdyy));
-    for (; i < h; ++i) {
-      const float y = (x[i] - mu) * rs;
-      const float dy = g[i] * dz[i];
-      s_dy += double(dy);
-      s_dyy += double(dy) * double(y);
+    if (++since_fold == kBwdFoldRows || r + 1 == r1) {
+      fold(cg, dg);
+      if (db) fold(cb, db);
+      since_fold = 0;
     }
-    const float mdy = a.layernorm ? float(s_dy / double(h)) : 0.0f;
-    const float mdyy = float(s_dyy / double(h));
-
-    // Pass 2: dx = rs * (dy - mdyy * y - mdy) (+ add); column partials.
-    const auto vmdy = hn::Set(dfh, mdy);
-    const auto vmdyy = hn::Set(dfh, mdyy);
-    for (i = 0; i + n <= h; i += n) {
-      const auto dzv = hn::LoadU(dfh, dz + i);
-      const auto y = hn::Mul(hn::Sub(hn::LoadU(dfh, x + i), vmu), vrs);
-      const auto dy = hn::Mul(hn::LoadU(dfh, g + i), dzv);
-      auto dxv = hn::Mul(vrs, hn::Sub(hn::NegMulAdd(vmdyy, y, dy), vmdy));
-      if (add) dxv = hn::Add(dxv, hn::LoadU(dfh, add + i));
-      hn::StoreU(dxv, dfh, dx + i);
-      const auto dzd = hn::PromoteTo(dd, dzv);
-      hn::StoreU(hn::MulAdd(hn::PromoteTo(dd, y), dzd, hn::LoadU(dd, dg + i)), dd, dg + i);
-      if (db) hn::StoreU(hn::Add(hn::LoadU(dd, db + i), dzd), dd, db + i);
-    }
-    for (; i < h; ++i) {
-      const float y = (x[i] - mu) * rs;
-      const float dy = g[i] * dz[i];
-      float dxv = rs * ((dy - mdyy * y) - mdy);
-      if (add) dxv += add[i];
-      dx[i] = dxv;
-      dg[i] += double(y) * double(dz[i]);
-      if (db) db[i] += double(dz[i]);
-    }
-    if (a.tdx != DType::kF32) RowFromF32(dx, a.tdx, a.dx, r, h);
   }
 }
 
@@ -737,7 +827,7 @@ void BwdBody(void* ctx, int64_t begin, int64_t end) {
     const int64_t r1 = c.rows * (blk + 1) / c.blocks;
     double* dg = c.partial + size_t(blk) * c.ncols * c.h;
     double* db = c.ncols == 2 ? dg + c.h : nullptr;
-    HWY_DYNAMIC_DISPATCH(NormBwdBlock)(*c.a, r0, r1, c.scratch + size_t(blk) * 4 * c.h, dg, db);
+    HWY_DYNAMIC_DISPATCH(NormBwdBlock)(*c.a, r0, r1, c.scratch + size_t(blk) * kBwdScratchRows * c.h, dg, db);
   }
 }
 
@@ -776,7 +866,7 @@ tefl_status* NormBwd(const tefl_call_frame* f, int kind) {
     if (blocks > 0) {
       std::vector<float> g(hs);
       VectorToF32(gamma, h, attrs->zero_centered_gamma != 0, g.data());
-      std::vector<float> scratch(size_t(blocks) * 4 * hs);
+      std::vector<float> scratch(size_t(blocks) * kBwdScratchRows * hs);
 
       BwdArgs a{};
       a.layernorm = layernorm;
