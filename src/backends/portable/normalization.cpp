@@ -92,6 +92,7 @@ struct BwdArgs {
   const float* rsigma;
   const float* g;
   void* dx;
+  bool stream;  // non-temporal dx stores (large outputs, aligned rows; dx written in place by BwdRow)
 };
 
 }  // namespace
@@ -547,7 +548,7 @@ struct BwdNext {
   size_t step_dz, step_x, step_add;
 };
 
-template <class T>
+template <bool kStream, class T>
 HWY_INLINE void BwdRow(const BwdArgs& a, int64_t r, const T* dz, const T* x, const T* add, T* dx, const BwdNext& nx,
                        float* HWY_RESTRICT cg, float* HWY_RESTRICT cb, double* dg, double* db) {
   const hn::ScalableTag<float> df;
@@ -608,7 +609,11 @@ HWY_INLINE void BwdRow(const BwdArgs& a, int64_t r, const T* dz, const T* x, con
     auto dxv = hn::Mul(vrs, hn::Sub(hn::NegMulAdd(vmdyy, y, dy), vmdy));
     // dx may be exactly add (rmsnorm_bwd_add in place): add is read first.
     if (add) dxv = hn::Add(dxv, LoadF(df, add + i));
-    StoreF(dxv, df, dx + i);
+    if constexpr (kStream) {
+      StreamF(dxv, df, dx + i);
+    } else {
+      StoreF(dxv, df, dx + i);
+    }
     hn::StoreU(hn::MulAdd(y, dzv, hn::LoadU(df, cg + i)), df, cg + i);
     if (db) hn::StoreU(hn::Add(hn::LoadU(df, cb + i), dzv), df, cb + i);
   }
@@ -659,22 +664,32 @@ void NormBwdBlock(const BwdArgs& a, int64_t r0, int64_t r1, float* scratch, doub
                      nf * ex,
                      nf * ea};
     const size_t off = size_t(r) * h;
+    // The whole-vector part of a row is streamed when a.stream (then every
+    // row starts 64-byte aligned and h is a multiple of the vector).
+    const auto row = [&](auto* dz, auto* x, auto* add, auto* dx) HWY_ATTR {
+      if (a.stream) {
+        BwdRow<true>(a, r, dz, x, add, dx, nx, cg, cb, dg, db);
+      } else {
+        BwdRow<false>(a, r, dz, x, add, dx, nx, cg, cb, dg, db);
+      }
+    };
     if (same && a.tx == DType::kBF16) {
-      BwdRow(a, r, static_cast<const bfloat16_t*>(a.dz) + off, static_cast<const bfloat16_t*>(a.x) + off,
-             a.add ? static_cast<const bfloat16_t*>(a.add) + off : nullptr, static_cast<bfloat16_t*>(a.dx) + off, nx,
-             cg, cb, dg, db);
+      row(static_cast<const bfloat16_t*>(a.dz) + off, static_cast<const bfloat16_t*>(a.x) + off,
+          a.add ? static_cast<const bfloat16_t*>(a.add) + off : nullptr, static_cast<bfloat16_t*>(a.dx) + off);
     } else if (same && a.tx == DType::kF16) {
-      BwdRow(a, r, static_cast<const float16_t*>(a.dz) + off, static_cast<const float16_t*>(a.x) + off,
-             a.add ? static_cast<const float16_t*>(a.add) + off : nullptr, static_cast<float16_t*>(a.dx) + off, nx, cg,
-             cb, dg, db);
+      row(static_cast<const float16_t*>(a.dz) + off, static_cast<const float16_t*>(a.x) + off,
+          a.add ? static_cast<const float16_t*>(a.add) + off : nullptr, static_cast<float16_t*>(a.dx) + off);
     } else {
       // fp32, or mixed dtypes: fp32 rows (the tensors themselves when fp32).
       const float* dz = RowAsF32(a.dz, a.tdz, r, h, buf_dz);
       const float* x = RowAsF32(a.x, a.tx, r, h, buf_x);
       const float* add = a.add ? RowAsF32(a.add, a.tadd, r, h, buf_add) : nullptr;
-      float* dx = a.tdx == DType::kF32 ? static_cast<float*>(a.dx) + off : buf_dx;
-      BwdRow(a, r, dz, x, add, dx, nx, cg, cb, dg, db);
-      if (a.tdx != DType::kF32) RowFromF32(dx, a.tdx, a.dx, r, h);
+      if (a.tdx == DType::kF32) {
+        row(dz, x, add, static_cast<float*>(a.dx) + off);
+      } else {
+        BwdRow<false>(a, r, dz, x, add, buf_dx, nx, cg, cb, dg, db);
+        RowFromF32(buf_dx, a.tdx, a.dx, r, h);
+      }
     }
     if (++since_fold == kBwdFoldRows || r + 1 == r1) {
       fold(cg, dg);
@@ -682,6 +697,7 @@ void NormBwdBlock(const BwdArgs& a, int64_t r0, int64_t r1, float* scratch, doub
       since_fold = 0;
     }
   }
+  if (a.stream) hwy::FlushStream();  // order this thread's streamed stores
 }
 
 }  // namespace tefl::backends::HWY_NAMESPACE
@@ -882,6 +898,12 @@ tefl_status* NormBwd(const tefl_call_frame* f, int kind) {
       a.rsigma = static_cast<const float*>(DataPtr(rsigma));
       a.g = g.data();
       a.dx = DataPtr(dx);
+      // Streamed only where BwdRow writes dx itself: every dtype the same
+      // (with add, if any) or dx fp32.
+      const bool same = tdz == tx && tx == tdx && (!add || tadd == tx);
+      const int64_t dx_row_bytes = h * int64_t(FloatElemSize(tdx));
+      a.stream = (same || tdx == DType::kF32) && rows * dx_row_bytes >= kStreamMinBytes && dx_row_bytes % 64 == 0 &&
+                 reinterpret_cast<uintptr_t>(a.dx) % 64 == 0;
 
       BwdCtx c{&a, rows, blocks, hs, ncols, scratch.data(), partial.data()};
       f->host->parallel_for(blocks, 1, BwdBody, &c);
