@@ -379,8 +379,9 @@ TEST(AttentionConformance, DropoutMatchesReference) {
 // ---- Dropout: which elements are dropped --------------------------------------------------
 // With v one-hot (v[j] = e_j, d_v = sk) o[i, j] = P'[i, j] exactly, so a
 // zero in o marks a dropped (or masked) score; every implementation must drop
-// exactly the elements the documented rule names: Philox(seed, offset,
-// ((b * h_q + h) * sq + i) * sk + j) < ceil(p 2^32).
+// exactly the elements the documented rule names: for e = ((b * h_q + h) *
+// sq + i) * sk + j, the u16 at byte 2 (e % 8) of the little-endian words of
+// Philox(seed, counter (e / 8, offset)) < ceil(p 2^16).
 TEST(AttentionDropout, SameElementsDroppedAsTheDocumentedRule) {
   Spec s;
   s.format = TEFL_QKV_BSHD;
@@ -394,7 +395,7 @@ TEST(AttentionDropout, SameElementsDroppedAsTheDocumentedRule) {
   s.dropout = 0.4f;
   s.training = true;
   const tefl_attention_attrs a = s.Attrs();
-  const uint32_t threshold = tefl::backends::DropoutThreshold(s.dropout);
+  const double threshold16 = std::ceil(double(s.dropout) * 65536.0);
   for (const std::string& impl : CpuImplementations("fused_attn_fwd")) {
     SCOPED_TRACE(impl);
     Problem p = Make(s);
@@ -409,7 +410,10 @@ TEST(AttentionDropout, SameElementsDroppedAsTheDocumentedRule) {
         for (int64_t i = 0; i < s.sq; ++i) {
           for (int64_t j = 0; j < s.sk; ++j) {
             const uint64_t e = uint64_t(((bi * s.hq + h) * s.sq + i) * s.sk + j);
-            const bool kept = tefl::backends::DropoutWords(a.seed, a.offset, e >> 2).v[e & 3] >= threshold;
+            const tefl::backends::Philox4 w = tefl::backends::DropoutWords(a.seed, a.offset, e / 8);
+            uint8_t bytes[16];
+            for (int k = 0; k < 16; ++k) bytes[k] = uint8_t(w.v[k / 4] >> (8 * (k % 4)));
+            const bool kept = double(bytes[2 * (e % 8)] | bytes[2 * (e % 8) + 1] << 8) >= threshold16;
             const double got = p.o.at(((bi * s.sq + i) * s.hq + h) * s.dv + j);
             wrong += (got != 0.0) != kept;
             dropped += !kept;

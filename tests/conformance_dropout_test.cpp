@@ -51,21 +51,22 @@ Words Philox(Words ctr, uint32_t k0, uint32_t k1) {
   return ctr;
 }
 
-// The keep byte of element i (include/tefl/ops.h): word i % 4 of Philox with
-// key (lo, hi seed) and counter (lo, hi i / 4, lo, hi offset), kept iff the
-// word >= ceil(p * 2^32).
-uint8_t KeepInGroup(uint64_t seed, uint64_t offset, float p, uint64_t g, int k) {
+// The keep rule (include/tefl/ops.h): Philox with key (lo, hi seed) and
+// counter (lo, hi g, lo, hi offset) for the group g = i / 8 of element i; its
+// four words laid out little-endian as 16 bytes, element i takes the u16 at
+// byte 2 * (i % 8) and is kept iff that half >= ceil(p * 2^16).
+uint32_t Half(uint64_t seed, uint64_t offset, uint64_t g, int k) {
   const Words w = Philox({{uint32_t(g), uint32_t(g >> 32), uint32_t(offset), uint32_t(offset >> 32)}}, uint32_t(seed),
                          uint32_t(seed >> 32));
-  const double threshold = std::ceil(double(p) * 4294967296.0);
-  return double(w.w[k]) >= threshold ? 1 : 0;
+  uint8_t bytes[16];
+  for (int b = 0; b < 16; ++b) bytes[b] = uint8_t(w.w[b / 4] >> (8 * (b % 4)));
+  return uint32_t(bytes[2 * k]) | uint32_t(bytes[2 * k + 1]) << 8;
+}
+uint8_t KeepInGroup(uint64_t seed, uint64_t offset, float p, uint64_t g, int k) {
+  return double(Half(seed, offset, g, k)) >= std::ceil(double(p) * 65536.0) ? 1 : 0;
 }
 uint8_t Keep(uint64_t seed, uint64_t offset, float p, uint64_t i) {
-  const uint64_t g = i / 4;
-  const Words w = Philox({{uint32_t(g), uint32_t(g >> 32), uint32_t(offset), uint32_t(offset >> 32)}}, uint32_t(seed),
-                         uint32_t(seed >> 32));
-  const double threshold = std::ceil(double(p) * 4294967296.0);
-  return double(w.w[i % 4]) >= threshold ? 1 : 0;
+  return KeepInGroup(seed, offset, p, i / 8, int(i % 8));
 }
 
 TEST(DropoutPhilox, KnownAnswers) {
@@ -149,7 +150,7 @@ const Combo kCombos[] = {{DType::kF32, DType::kF32},
                          {DType::kF16, DType::kF16},
                          {DType::kBF16, DType::kF32},
                          {DType::kF32, DType::kF16}};
-// Element counts not multiples of 4 or of the vector width, crossing the
+// Element counts not multiples of 8 or of the vector width, crossing the
 // 4096-element blocks and the thread chunks; a scalar; empty.
 const std::vector<int64_t> kShapes[] = {{0}, {1}, {3}, {7, 5}, {64}, {3, 1001}, {2, 4096}, {5, 3, 4099}, {}, {4, 0}};
 constexpr float kPs[] = {0.0f, 0.1f, 0.5f, 0.9f, 1e-6f};
@@ -212,7 +213,8 @@ TEST(DropoutSpecial, SeedAndOffsetSelectTheMask) {
   for (int64_t i = 0; i < 1000; ++i) ASSERT_EQ(base.at(i), Keep(0xFFFFFFFF00000001ull, 0x100000000ull, 0.5f, i));
 }
 
-// Over 1M elements the kept fraction is within 5 sigma of 1 - p.
+// Over 1M elements the kept fraction is within 5 sigma of 1 - p (the rule's
+// P(kept) = 1 - ceil(p 2^16) / 2^16 is within 2^-16 of it: KeptFractionIsTheThresholds).
 TEST(DropoutSpecial, KeptFractionStatistics) {
   const int64_t n = 1 << 20;
   for (float p : {0.1f, 0.3f, 0.5f, 0.9f}) {
@@ -230,6 +232,75 @@ TEST(DropoutSpecial, KeptFractionStatistics) {
       // The kept outputs are 1 / (1 - p) (rounded to bf16), the others 0.
       const double scale = double(tefl::BF16ToFloat(tefl::FloatToBF16(float(1.0 / (1.0 - p)))));
       for (int64_t i = 0; i < n; i += 997) ASSERT_EQ(y.at(i), b[i] ? scale : 0.0) << i;
+    }
+  }
+}
+
+// P(kept) = 1 - threshold16 / 2^16 with threshold16 = ceil(p 2^16): for
+// p = 0.1 (threshold16 6554) over 2^20 elements the kept count is within 5
+// sigma of n (1 - 6554 / 65536), on every implementation.
+TEST(DropoutSpecial, KeptFractionIsTheThresholds) {
+  const int64_t n = 1 << 20;
+  const float p = 0.1f;
+  const double threshold16 = std::ceil(double(p) * 65536.0);
+  ASSERT_EQ(threshold16, 6554.0);
+  const double keep = 1.0 - threshold16 / 65536.0;
+  for (const std::string& impl : CpuImplementations("dropout_fwd")) {
+    SCOPED_TRACE(impl);
+    Tensor x(DType::kF32, {n}), y(DType::kF32, {n}), m(DType::kU8, {n});
+    x.Fill(1.0);
+    const tefl_dropout_attrs a = Attrs(0x5EED5EED12345678ull, 0xABCDEF0000000011ull, p);
+    ASSERT_TRUE(RunImpl("dropout_fwd", impl, {&x}, {&y, &m}, &a).ok());
+    int64_t kept = 0;
+    const auto* b = static_cast<const uint8_t*>(m.bytes());
+    for (int64_t i = 0; i < n; ++i) kept += b[i];
+    const double mean = double(n) * keep, sigma = std::sqrt(double(n) * keep * (1.0 - keep));
+    EXPECT_LE(std::abs(double(kept) - mean), 5 * sigma) << "kept " << kept << " of " << n;
+  }
+}
+
+// The threshold's edges. p = 1 - 2^-17: threshold16 = ceil(65535.5) = 2^16,
+// nothing kept (no half reaches it). p = 2^-17: threshold16 = 1, exactly the
+// elements whose half is 0 dropped (~16 of 2^20). p = 1 - 2^-16:
+// threshold16 = 65535, only halves 0xFFFF kept. Every implementation, the
+// mask against the independent rule, the output against x * (kept ? 1 / (1 -
+// p) : 0).
+TEST(DropoutSpecial, ThresholdEdges) {
+  const int64_t n = (1 << 20) + 13;
+  struct Edge {
+    float p;
+    double threshold16;
+  };
+  const Edge edges[] = {{1.0f - 0x1p-17f, 65536.0}, {0x1p-17f, 1.0}, {1.0f - 0x1p-16f, 65535.0}};
+  const uint64_t seed = 0x0123456789ABCDEFull, offset = 0x0000000300000009ull;
+  for (const Edge& edge : edges) {
+    ASSERT_EQ(std::ceil(double(edge.p) * 65536.0), edge.threshold16);
+    // The elements whose half reaches the edge (computed once, independently).
+    std::vector<int64_t> special;
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t h = Half(seed, offset, uint64_t(i) / 8, int(i % 8));
+      if (edge.threshold16 == 1.0 ? h == 0 : h == 0xFFFFu) special.push_back(i);
+    }
+    for (const std::string& impl : CpuImplementations("dropout_fwd")) {
+      SCOPED_TRACE(fmt::format("p {} {}", edge.p, impl));
+      Tensor x(DType::kF32, {n}), y(DType::kF32, {n}), m(DType::kU8, {n});
+      x.Fill(2.0);
+      const tefl_dropout_attrs a = Attrs(seed, offset, edge.p);
+      ASSERT_TRUE(RunImpl("dropout_fwd", impl, {&x}, {&y, &m}, &a).ok());
+      const auto* b = static_cast<const uint8_t*>(m.bytes());
+      std::vector<int64_t> flipped;  // dropped for threshold16 1, kept otherwise
+      for (int64_t i = 0; i < n; ++i) {
+        if ((b[i] != 0) == (edge.threshold16 == 1.0)) continue;
+        flipped.push_back(i);
+      }
+      if (edge.threshold16 == 65536.0) {
+        EXPECT_TRUE(flipped.empty()) << flipped.size() << " kept, first " << flipped.front();
+      } else {
+        EXPECT_FALSE(special.empty()) << "the test's n is too small to reach the edge";
+        EXPECT_EQ(flipped, special);
+      }
+      const double scale = double(float(1.0 / (1.0 - double(edge.p))));
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(y.at(i), b[i] ? 2.0 * scale : 0.0) << i;
     }
   }
 }
@@ -319,18 +390,18 @@ TEST(DropoutSpecial, BadInputsRejectedOutputsUntouched) {
 }
 
 // default.portable's dropout_fwd has an AVX-512 path (fused Philox, mask and
-// output, 64 elements a step, scalar Philox for the tail) and the Highway
+// output, 128 elements a step, scalar Philox for the tail) and the Highway
 // path (TEFL_PORTABLE_DROPOUT_AVX512=0; also the whole suite under ctest's
 // DropoutNoAvx512). Both give the same mask and output bytes: every dtype
-// pair, sizes around the 64-element step and the 4096-element thread grain,
+// pair, sizes around the 128-element step and the 4096-element thread grain,
 // p = 0 and tiny p, NaN / inf / subnormal / huge inputs.
 TEST(DropoutSpecial, Avx512PathMatchesHighwayPath) {
-  const std::vector<int64_t> sizes = {1, 63, 64, 65, 127, 129, 4095, 4097, 3 * 4096 + 61};
+  const std::vector<int64_t> sizes = {1, 7, 9, 63, 64, 65, 127, 128, 129, 255, 257, 4095, 4097, 3 * 4096 + 61};
   const Combo combos[] = {{DType::kF32, DType::kF32},  {DType::kBF16, DType::kBF16}, {DType::kF16, DType::kF16},
                           {DType::kBF16, DType::kF32}, {DType::kF32, DType::kBF16},  {DType::kF16, DType::kBF16}};
   for (const Combo& c : combos) {
     for (int64_t n : sizes) {
-      for (float p : {0.0f, 1e-6f, 0.1f, 0.5f, 0.97f}) {
+      for (float p : {0.0f, 1e-6f, 0.1f, 0.5f, 0.97f, 1.0f - 0x1p-17f}) {
         SCOPED_TRACE(fmt::format("{} -> {}, n {}, p {}", Short(c.x), Short(c.y), n, p));
         Tensor x(c.x, {n});
         x.Uniform(fmt::format("paths/{}", n));
@@ -364,10 +435,10 @@ TEST(DropoutSpecial, Avx512PathMatchesHighwayPath) {
 
 // Philox groups near multiples of 2^32 (the counter's low word wraps inside a
 // 16-counter step, the high word changes) through the AVX-512 path's test
-// hook: mask against the independent Philox, output against x * scale.
+// hook: mask against the independent rule, output against x * scale.
 TEST(DropoutSpecial, Avx512PathNearGroupWrap) {
   if (!tefl::backends::CpuHasAvx512Bmi2()) GTEST_SKIP() << "no AVX-512 path on this CPU";
-  const int64_t n = 64 * 9 + 37;
+  const int64_t n = 128 * 5 + 37;
   const size_t count = size_t(n);
   std::vector<float> x(count), y(count);
   std::vector<uint8_t> m(count);
@@ -380,7 +451,7 @@ TEST(DropoutSpecial, Avx512PathNearGroupWrap) {
                                                           x.data(), y.data(), m.data()));
     const float scale = float(1.0 / (1.0 - double(p)));
     for (int64_t i = 0; i < n; ++i) {
-      ASSERT_EQ(m[size_t(i)], KeepInGroup(77, 0x123456789ull, p, first + uint64_t(i) / 4, int(i % 4))) << i;
+      ASSERT_EQ(m[size_t(i)], KeepInGroup(77, 0x123456789ull, p, first + uint64_t(i) / 8, int(i % 8))) << i;
       ASSERT_EQ(y[size_t(i)], m[size_t(i)] ? x[size_t(i)] * scale : x[size_t(i)] * 0.0f) << i;
     }
   }
@@ -390,8 +461,8 @@ TEST(DropoutSpecial, Avx512PathNearGroupWrap) {
 // from y's first 64-byte boundary (a scalar head before it), the mask too
 // where it is then aligned: same bytes as the Highway path (the tensors'
 // data are 64-byte aligned: both streamed), and, through the test hook, with
-// buffers 16 bytes past a 64-byte boundary (y streamed after its head, mask
-// not). bf16 (plain stores) checked alike.
+// y 32 and the mask 16 bytes past a 64-byte boundary (fp32 y streamed after
+// its head of one group, the mask not). bf16 (plain stores) checked alike.
 TEST(DropoutSpecial, Avx512StreamingStoresLargeOutputs) {
   const int64_t n = (int64_t(8) << 20) + 37;
   for (DType t : {DType::kF32, DType::kBF16}) {
@@ -411,15 +482,15 @@ TEST(DropoutSpecial, Avx512StreamingStoresLargeOutputs) {
     EXPECT_TRUE(y0.SameBytes(y1)) << "output";
     EXPECT_TRUE(y1.GuardsIntact() && m1.GuardsIntact());
     if (!tefl::backends::CpuHasAvx512Bmi2()) continue;
-    // Buffers 16 bytes past a 64-byte boundary: y streamed after a scalar
-    // head, the mask not streamed.
+    // y 32 bytes past a 64-byte boundary (fp32: streamed after a scalar head
+    // of 8 elements), the mask 16 (not streamed).
     const size_t elem = t == DType::kF32 ? 4 : 2, bytes = size_t(n) * elem;
     auto aligned = [](size_t b) { return static_cast<uint8_t*>(std::aligned_alloc(64, (b + 64 + 63) / 64 * 64)); };
     uint8_t *y2 = aligned(bytes), *m2 = aligned(size_t(n));
     ASSERT_TRUE(y2 != nullptr && m2 != nullptr);
-    ASSERT_TRUE(tefl::backends::PortableDropoutFwdAtGroup(t, t, n, 0, 5, 6, 0.25f, x.bytes(), y2 + 16, m2 + 16));
+    ASSERT_TRUE(tefl::backends::PortableDropoutFwdAtGroup(t, t, n, 0, 5, 6, 0.25f, x.bytes(), y2 + 32, m2 + 16));
     EXPECT_EQ(std::memcmp(m2 + 16, m1.bytes(), size_t(n)), 0) << "mask (unaligned)";
-    EXPECT_EQ(std::memcmp(y2 + 16, y1.bytes(), bytes), 0) << "output (unaligned)";
+    EXPECT_EQ(std::memcmp(y2 + 32, y1.bytes(), bytes), 0) << "output (unaligned)";
     std::free(y2);
     std::free(m2);
   }

@@ -229,12 +229,14 @@ TEFL_STATIC_ASSERT(offsetof(tefl_softmax_attrs, scale) == 8, "append-only");
  * Philox-4x32-10 (Random123's philox4x32_10: multipliers 0xD2511F53,
  * 0xCD9E8D57, key bumps 0x9E3779B9, 0xBB67AE85, 10 rounds) with
  *   key     = (lo32(seed), hi32(seed)),
- *   counter = (lo32(i / 4), hi32(i / 4), lo32(offset), hi32(offset)),
- * takes word i % 4 of the result; element i is kept (mask 1) iff that word
- * >= ceil(p * 2^32) (exact: p is a float, so p * 2^32 is exact in double; p
- * = 0 keeps everything). The same (seed, offset) gives the same mask on any
- * thread count and in any implementation. dropout_bwd reads any nonzero
- * mask byte as kept. */
+ *   counter = (lo32(i / 8), hi32(i / 8), lo32(offset), hi32(offset)),
+ * takes 16-bit half h = i % 8 of the result (word h / 2, its low half if h
+ * is even, high if odd); element i is kept (mask 1) iff that half >=
+ * threshold16 = ceil(p * 2^16) (exact: p is a float, so p * 2^16 is exact in
+ * double; p = 0 keeps everything, p > 1 - 2^-16 gives 2^16: nothing kept).
+ * P(kept) = 1 - threshold16 / 2^16. The same (seed, offset) gives the same
+ * mask on any thread count and in any implementation. dropout_bwd reads any
+ * nonzero mask byte as kept. */
 typedef struct tefl_dropout_attrs {
   size_t struct_size;
   uint64_t seed;

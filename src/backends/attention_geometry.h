@@ -84,7 +84,7 @@ struct AttnGeometry {
   }
   uint64_t DropCols() const { return uint64_t(sk); }
   uint64_t DropCol(int64_t bi, int64_t j) const { return thd() ? uint64_t(cu_kv[bi] + j) : uint64_t(j); }
-  bool Kept(uint64_t e, uint32_t threshold) const { return DropoutWords(seed, offset, e >> 2).v[e & 3] >= threshold; }
+  bool Kept(uint64_t e, uint32_t threshold16) const { return DropoutKeptAt(seed, offset, e, threshold16); }
 };
 
 // The geometry of a call from its q, k, v tensors, cu_seqlens (may be NULL)

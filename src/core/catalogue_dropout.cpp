@@ -59,7 +59,8 @@ const OpSchema kSchemas[] = {
     {TEFL_OP_DROPOUT_FWD,
      "dropout_fwd",
      "dropout",
-     "output = input * mask / (1 - p), mask[i] = Philox4x32-10(seed, offset, i) >= p * 2^32",
+     "output = input * mask / (1 - p), mask[i] = (u16 half i % 8 of Philox4x32-10(seed, offset, i / 8)) >= "
+     "ceil(p * 2^16)",
      kFwdIn,
      kFwdOut,
      kAttrs,

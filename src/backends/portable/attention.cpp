@@ -84,9 +84,9 @@ struct AttnCtx {
   const float* lse;  // backward input
   float* drow;       // backward: D per query row, indexed like stats
   const float* alpha;
-  uint32_t threshold;  // dropout keep threshold
-  float keep_scale;    // 1 / (1 - p)
-  int64_t dqkp, dvp;   // head dims padded to the micro-kernel's column group
+  uint32_t threshold16;  // dropout keep threshold (philox.h)
+  float keep_scale;      // 1 / (1 - p)
+  int64_t dqkp, dvp;     // head dims padded to the micro-kernel's column group
   const Item* items;
   // Forward: k and v packed once per call, per (sequence, kv head, key
   // tile): k^T [dqk x kBk] then v [kBk x dvp], fp32, keys past the sequence 0.
@@ -153,11 +153,11 @@ inline void DropFactors(const AttnCtx& c, int64_t bi, int64_t h, int64_t i, int6
   Philox4 w{};
   for (int64_t jj = 0; jj < n; ++jj) {
     const uint64_t e = base + uint64_t(jj);
-    if ((e >> 2) != group) {
-      group = e >> 2;
+    if (e / 8 != group) {
+      group = e / 8;
       w = DropoutWords(g.seed, g.offset, group);
     }
-    z[jj] = w.v[e & 3] >= c.threshold ? c.keep_scale : 0.0f;
+    z[jj] = DropoutKept(w, e % 8, c.threshold16) ? c.keep_scale : 0.0f;
   }
 }
 
@@ -997,7 +997,7 @@ void InitCtx(AttnCtx& c, const AttnGeometry& g, DType t) {
   const int64_t grp = int64_t(HWY_DYNAMIC_DISPATCH(ColumnGroup)());
   c.dqkp = (g.dqk + grp - 1) / grp * grp;
   c.dvp = (g.dv + grp - 1) / grp * grp;
-  c.threshold = DropoutThreshold(g.p);
+  c.threshold16 = DropoutThreshold16(g.p);
   c.keep_scale = g.dropout ? float(1.0 / (1.0 - double(g.p))) : 1.0f;
 }
 

@@ -2,17 +2,18 @@
 // include/tefl/ops.h and backends/philox.h; semantics as the reference).
 //
 // Google Highway with runtime ISA dispatch (foreach_target.h); element
-// ranges (whole Philox groups of 4 elements) are spread over the host thread
+// ranges (whole Philox groups of 8 elements) are spread over the host thread
 // pool, so the mask is the same for any thread count.
 //
 // dropout_fwd, per block of kBlock elements:
 //  1. the keep mask, vectorised Philox-4x32-10: each u64 lane runs one
-//     counter (one group of 4 elements) in its low half, so one MulEven is
-//     a lane's full 32x32 -> 64 product (hi = product >> 32, lo = the low
-//     half as is); 2 x Lanes(u64) groups per step, their words gathered into
-//     u32 lanes (ConcatEven), compared, and the four keep bits of a group
-//     packed into one u32 (little-endian: byte k is element 4g + k) stored
-//     straight into the mask tensor;
+//     counter (one group of 8 elements, a 16-bit half of its words each) in
+//     its low half, so one MulEven is a lane's full 32x32 -> 64 product (hi =
+//     product >> 32, lo = the low half as is); 2 x Lanes(u64) groups per
+//     step, their words gathered into u32 lanes (ConcatEven), both halves of
+//     each compared, the keep bytes of halves 0-3 and 4-7 of a group packed
+//     into two u32 (little-endian: byte k is element 8g + k) and stored
+//     interleaved straight into the mask tensor;
 //  2. output = x * (mask ? 1 / (1 - p) : 0) in fp32, reading the mask back
 //     from L1 (x * 0 keeps IEEE: a dropped NaN or inf gives NaN).
 // dropout_bwd is step 2 alone with the given mask (nonzero = kept).
@@ -21,8 +22,8 @@
 //
 // Where the CPU has AVX512-F/BW/DQ/VL and BMI2 (PortablePath::kDropoutAvx512,
 // TEFL_PORTABLE_DROPOUT_AVX512=0 turns it off) dropout_fwd instead runs one
-// fused pass of 64 elements a step (DropoutFwdAvx512 below): Philox, the
-// keep bits as a 64-bit mask, the mask bytes and the output from that mask;
+// fused pass of 128 elements a step (DropoutFwdAvx512 below): Philox, the
+// keep bits as two 64-bit masks, the mask bytes and the output from them;
 // same bytes as the path above. fp32 outputs of >= 32 MiB are stored
 // non-temporally there.
 //
@@ -58,13 +59,13 @@ struct DropArgs {
   DType tx, ty;
   int64_t n;
   uint64_t seed, offset;
-  uint32_t threshold;
-  float scale;  // 1 / (1 - p)
+  uint32_t threshold16;  // DropoutThreshold16(p)
+  float scale;           // 1 / (1 - p)
   const void* x;
   void* y;
   uint8_t* mask;    // written (fwd) or read (bwd)
   bool avx512;      // dropout_fwd by DropoutFwdAvx512 (PortablePath::kDropoutAvx512)
-  uint64_t group0;  // DropoutFwdAvx512: element i is in Philox group group0 + i / 4 (0 but in tests)
+  uint64_t group0;  // DropoutFwdAvx512: element i is in Philox group group0 + i / 8 (0 but in tests)
 };
 
 // Elements per block: the mask block and its x / y rows stay in L1.
@@ -89,10 +90,10 @@ HWY_BEFORE_NAMESPACE();
 namespace tefl::backends::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// Scalar: mask bytes of elements [4g, min(4g + 4, n)).
+// Scalar: mask bytes of elements [8g, 8g + count), count <= 8.
 HWY_INLINE void MaskGroupScalar(const DropArgs& a, uint64_t g, uint8_t* out, int64_t count) {
   const Philox4 w = DropoutWords(a.seed, a.offset, g);
-  for (int64_t k = 0; k < count; ++k) out[k] = w.v[k] >= a.threshold ? 1 : 0;
+  for (int64_t k = 0; k < count; ++k) out[k] = DropoutKept(w, uint64_t(k), a.threshold16) ? 1 : 0;
 }
 
 #if HWY_TARGET != HWY_SCALAR
@@ -101,7 +102,7 @@ HWY_INLINE void MaskGroupScalar(const DropArgs& a, uint64_t g, uint8_t* out, int
 // MulEven reads only those halves, so the high halves may hold garbage.
 struct PhiloxConsts {
   hn::Vec<hn::ScalableTag<uint64_t>> k0[10], k1[10], m0, m1, c2, c3;
-  hn::Vec<hn::ScalableTag<uint32_t>> thr, bias, one;
+  hn::Vec<hn::ScalableTag<uint32_t>> thr, half, one;
 };
 
 HWY_INLINE void InitConsts(const DropArgs& a, PhiloxConsts& c) {
@@ -118,9 +119,9 @@ HWY_INLINE void InitConsts(const DropArgs& a, PhiloxConsts& c) {
   c.m1 = hn::Set(d64, kPhiloxM1);
   c.c2 = hn::Set(d64, uint32_t(a.offset));
   c.c3 = hn::Set(d64, uint32_t(a.offset >> 32));
-  // kept = word >= threshold, as a signed compare of both biased by 2^31.
-  c.bias = hn::Set(du, 0x80000000u);
-  c.thr = hn::Xor(hn::Set(du, a.threshold), c.bias);
+  // kept = half >= threshold16, a signed compare (both below 2^31).
+  c.thr = hn::Set(du, a.threshold16);
+  c.half = hn::Set(du, 0xFFFFu);
   c.one = hn::Set(du, 1u);
 }
 
@@ -144,7 +145,7 @@ HWY_INLINE void PhiloxRounds(const PhiloxConsts& k, hn::Vec<hn::ScalableTag<uint
   w[3] = c3;
 }
 
-// Mask bytes of groups [g, g + Lanes(u32)) (4 bytes each) into out: two u64
+// Mask bytes of groups [g, g + Lanes(u32)) (8 bytes each) into out: two u64
 // vectors of counters, their words gathered into u32 vectors.
 HWY_INLINE void MaskGroupsVector(const PhiloxConsts& k, uint64_t g, uint8_t* out) {
   const hn::ScalableTag<uint64_t> d64;
@@ -157,20 +158,24 @@ HWY_INLINE void MaskGroupsVector(const PhiloxConsts& k, uint64_t g, uint8_t* out
   PhiloxRounds(k, lo, hi, wa);
   PhiloxRounds(k, hn::Add(lo, hn::Set(d64, n64)), hi, wb);
   const auto thr = hn::BitCast(di, k.thr);
-  const auto kept = [&](int i) HWY_ATTR {
-    const auto w = hn::ConcatEven(du, hn::BitCast(du, wb[i]), hn::BitCast(du, wa[i]));
-    return hn::IfThenZeroElse(hn::RebindMask(du, hn::Lt(hn::BitCast(di, hn::Xor(w, k.bias)), thr)), k.one);
+  const auto kept = [&](hn::Vec<decltype(du)> half) HWY_ATTR {
+    return hn::IfThenZeroElse(hn::RebindMask(du, hn::Lt(hn::BitCast(di, half), thr)), k.one);
   };
-  const auto packed = hn::Or(hn::Or(kept(0), hn::ShiftLeft<8>(kept(1))),
-                             hn::Or(hn::ShiftLeft<16>(kept(2)), hn::ShiftLeft<24>(kept(3))));
-  hn::StoreU(packed, du, reinterpret_cast<uint32_t*>(out));
+  // Keep bytes of halves 2i (low) and 2i + 1 (high) of word i, as bytes 0, 1 of a u32 lane.
+  const auto pair = [&](int i) HWY_ATTR {
+    const auto w = hn::ConcatEven(du, hn::BitCast(du, wb[i]), hn::BitCast(du, wa[i]));
+    return hn::Or(kept(hn::And(w, k.half)), hn::ShiftLeft<8>(kept(hn::ShiftRight<16>(w))));
+  };
+  const auto bytes03 = hn::Or(pair(0), hn::ShiftLeft<16>(pair(1)));  // elements 8g + 0..3
+  const auto bytes47 = hn::Or(pair(2), hn::ShiftLeft<16>(pair(3)));  // elements 8g + 4..7
+  hn::StoreInterleaved2(bytes03, bytes47, du, reinterpret_cast<uint32_t*>(out));
 }
 #endif
 
-// Mask bytes of elements [e0, e1); e0 is a multiple of 4.
+// Mask bytes of elements [e0, e1); e0 is a multiple of 8.
 HWY_INLINE void MaskRange(const DropArgs& a, int64_t e0, int64_t e1) {
-  uint64_t g = uint64_t(e0) / 4;
-  const uint64_t full_end = uint64_t(e1) / 4;  // groups wholly inside
+  uint64_t g = uint64_t(e0) / 8;
+  const uint64_t full_end = uint64_t(e1) / 8;  // groups wholly inside
 #if HWY_TARGET != HWY_SCALAR
   const hn::ScalableTag<uint32_t> du;
   const size_t lanes = hn::Lanes(du);
@@ -179,13 +184,13 @@ HWY_INLINE void MaskRange(const DropArgs& a, int64_t e0, int64_t e1) {
     InitConsts(a, k);
     while (g + lanes <= full_end) {
       if (uint32_t(g) > UINT32_MAX - uint32_t(lanes - 1)) break;  // lo32 would wrap: scalar
-      MaskGroupsVector(k, g, a.mask + g * 4);
+      MaskGroupsVector(k, g, a.mask + g * 8);
       g += lanes;
     }
   }
 #endif
-  for (; g < full_end; ++g) MaskGroupScalar(a, g, a.mask + g * 4, 4);
-  if (int64_t(g * 4) < e1) MaskGroupScalar(a, g, a.mask + g * 4, e1 - int64_t(g * 4));
+  for (; g < full_end; ++g) MaskGroupScalar(a, g, a.mask + g * 8, 8);
+  if (int64_t(g * 8) < e1) MaskGroupScalar(a, g, a.mask + g * 8, e1 - int64_t(g * 8));
 }
 
 // y = x * (mask ? scale : 0) on [e0, e1).
@@ -243,7 +248,7 @@ HWY_INLINE void Apply(const DropArgs& a, int64_t e0, int64_t e1) {
   }
 }
 
-// Exported: elements [e0, e1), e0 a multiple of 4.
+// Exported: elements [e0, e1), e0 a multiple of 8.
 void DropoutRange(const DropArgs& a, int64_t e0, int64_t e1) {
   for (int64_t b = e0; b < e1; b += kBlock) {
     const int64_t be = std::min(e1, b + kBlock);
@@ -263,14 +268,15 @@ HWY_EXPORT(DropoutRange);
 namespace {
 
 // ---- dropout_fwd on AVX-512 (PortablePath::kDropoutAvx512) -----------------
-// One fused pass per 64 elements (16 Philox counters): the four words of
-// 8 counters per zmm (u64 lanes, counter in the low half, so one vpmuludq is
-// a full 32x32 -> 64 product); rounds 0-2 skip the products and xors that do
-// not depend on lo32(g) (precomputed per hi32(g)); the last round leaves
-// words (0, 1) and (2, 3) of a counter side by side in its u64 lane (a
-// rotate and a masked xor), so one unsigned compare per vector gives their
-// keep bits and two pdep interleave them into the 64-bit keep mask in
-// element order. The mask bytes are that mask expanded (vmovdqu8 {z}); the
+// One fused pass per 128 elements (16 Philox counters, 8 elements each): the
+// four words of 8 counters per zmm (u64 lanes, counter in the low half, so
+// one vpmuludq is a full 32x32 -> 64 product); rounds 0-2 skip the products
+// and xors that do not depend on lo32(g) (precomputed per hi32(g)); the last
+// round leaves words (0, 1) and (2, 3) of a counter side by side in its u64
+// lane (a rotate and a masked xor); one vpermt2q per 4 counters puts their
+// words in order w0..w3, so the u16 lanes are the 16-bit halves in element
+// order and one vpcmpuw gives the keep bits of 32 elements directly (no
+// pdep). The mask bytes are each 64-bit mask expanded (vmovdqu8 {z}); the
 // output is x * (kept ? scale : 0) with the same mask (no re-read), in fp32,
 // rounded to nearest even once. Same-dtype bf16 splits a 32-element load
 // into even / odd elements (a shift and an and) and joins the two rounded
@@ -379,28 +385,33 @@ TEFL_DROPOUT_INLINE void PhiloxZmm16(const PhiloxZmm& z, const __m512i lo[2], __
   }
 }
 
-// Keep bits of elements [4g, 4g + 64): bit i = element 4g + i. lo holds
-// lo32(g) + 0..7 in its u64 lanes; no lane may carry into hi32 (g + 15 has
-// the same hi32 as g).
-TEFL_DROPOUT_INLINE uint64_t KeepBits64(const PhiloxZmm& z, __m512i lo, __m512i thr) {
+// Keep bits of elements [8g, 8g + 128): bit b of keep[v] = element 8g + 64v
+// + b. lo holds lo32(g) + 0..7 in its u64 lanes; no lane may carry into
+// hi32 (g + 15 has the same hi32 as g). thr: min(threshold16, 0xFFFF) in
+// every u16 lane; allow: 0 where threshold16 = 2^16 (nothing kept), else ~0.
+TEFL_DROPOUT_INLINE void KeepBits128(const PhiloxZmm& z, __m512i lo, __m512i thr, uint64_t allow, uint64_t keep[2]) {
   const __m512i los[2] = {lo, _mm512_add_epi64(lo, _mm512_set1_epi64(8))};
   __m512i w01[2], w23[2];
   PhiloxZmm16(z, los, w01, w23);
-  // Bit 2j (2j + 1) of m01: word 0 (1) of counter j; counters 8-15 in the upper 16 bits.
-  const uint32_t m01 = uint32_t(_mm512_cmpge_epu32_mask(w01[0], thr)) | uint32_t(_mm512_cmpge_epu32_mask(w01[1], thr))
-                                                                            << 16;
-  const uint32_t m23 = uint32_t(_mm512_cmpge_epu32_mask(w23[0], thr)) | uint32_t(_mm512_cmpge_epu32_mask(w23[1], thr))
-                                                                            << 16;
-  return _pdep_u64(m01, 0x3333333333333333ull) | _pdep_u64(m23, 0xCCCCCCCCCCCCCCCCull);
+  // u64 lanes (w01[j], w23[j]) of counters 0-3 / 4-7: words w0..w3 of each in order.
+  const __m512i first = _mm512_set_epi64(11, 3, 10, 2, 9, 1, 8, 0);
+  const __m512i second = _mm512_set_epi64(15, 7, 14, 6, 13, 5, 12, 4);
+#pragma GCC unroll 2
+  for (int v = 0; v < 2; ++v) {
+    const uint64_t k0 = _mm512_cmpge_epu16_mask(_mm512_permutex2var_epi64(w01[v], first, w23[v]), thr);
+    const uint64_t k1 = _mm512_cmpge_epu16_mask(_mm512_permutex2var_epi64(w01[v], second, w23[v]), thr);
+    keep[v] = (k0 | k1 << 32) & allow;
+  }
 }
 
-// Keep bits of elements [e, e + count) (count <= 64, e a multiple of 4) by
+// Keep bits of elements [e, e + count) (count <= 64, e a multiple of 8) by
 // the scalar Philox.
 inline uint64_t KeepBitsScalar(const DropArgs& args, int64_t e, int64_t count) {
   uint64_t bits = 0;
-  for (int64_t i = 0; i < count; i += 4) {
-    const Philox4 w = DropoutWords(args.seed, args.offset, args.group0 + uint64_t(e + i) / 4);
-    for (int64_t k = 0; k < 4 && i + k < count; ++k) bits |= uint64_t(w.v[k] >= args.threshold) << (i + k);
+  for (int64_t i = 0; i < count; i += 8) {
+    const Philox4 w = DropoutWords(args.seed, args.offset, args.group0 + uint64_t(e + i) / 8);
+    for (int64_t k = 0; k < 8 && i + k < count; ++k)
+      bits |= uint64_t(DropoutKept(w, uint64_t(k), args.threshold16)) << (i + k);
   }
   return bits;
 }
@@ -494,19 +505,22 @@ template <class TX, class TY, int kStream>
 TEFL_DROPOUT_TARGET int64_t DropoutFwdAvx512Steps(const DropArgs& args, int64_t e, int64_t e1) {
   PhiloxZmm z;
   InitPhiloxZmm(args, z);
-  const __m512i thr = _mm512_set1_epi32(int32_t(args.threshold));
+  const __m512i thr = _mm512_set1_epi16(int16_t(uint16_t(std::min<uint32_t>(args.threshold16, 0xFFFFu))));
+  const uint64_t allow = args.threshold16 > 0xFFFFu ? 0 : ~uint64_t(0);
   const __m512 scale = _mm512_set1_ps(args.scale);
   const __m512i iota = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
-  for (; e + 64 <= e1; e += 64) {
-    const uint64_t g = args.group0 + uint64_t(e) / 4;
-    uint64_t keep;
+  for (; e + 128 <= e1; e += 128) {
+    const uint64_t g = args.group0 + uint64_t(e) / 8;
+    uint64_t keep[2];
     if (HWY_LIKELY(uint32_t(g) <= UINT32_MAX - 15)) {
       if (HWY_UNLIKELY((g >> 32) != z.hi)) SetPhiloxHi(args, z, g >> 32);
-      keep = KeepBits64(z, _mm512_add_epi64(_mm512_set1_epi64(int64_t(uint32_t(g))), iota), thr);
-    } else {
-      keep = KeepBitsScalar(args, e, 64);  // lo32(g) would wrap within the 16 counters
+      KeepBits128(z, _mm512_add_epi64(_mm512_set1_epi64(int64_t(uint32_t(g))), iota), thr, allow, keep);
+    } else {  // lo32(g) would wrap within the 16 counters
+      keep[0] = KeepBitsScalar(args, e, 64);
+      keep[1] = KeepBitsScalar(args, e + 64, 64);
     }
-    Apply64<TX, TY, kStream>(args, e, keep, scale);
+    Apply64<TX, TY, kStream>(args, e, keep[0], scale);
+    Apply64<TX, TY, kStream>(args, e + 64, keep[1], scale);
   }
   if constexpr (kStream > 0) _mm_sfence();
   return e;
@@ -518,7 +532,7 @@ TEFL_DROPOUT_TARGET int64_t DropoutFwdAvx512Steps(const DropArgs& args, int64_t 
 // slower for bf16 y (compute-bound there), so 16-bit outputs are not.
 constexpr int64_t kStreamBytes = int64_t(32) << 20;
 
-// Elements [b, end) (b a multiple of 4) by the scalar Philox.
+// Elements [b, end) (b a multiple of 8) by the scalar Philox.
 template <class TX, class TY>
 void DropoutFwdScalar(const DropArgs& args, int64_t b, int64_t end) {
   const TX* x = static_cast<const TX*>(args.x);
@@ -539,10 +553,10 @@ TEFL_DROPOUT_TARGET void DropoutFwdAvx512T(const DropArgs& args, int64_t e0, int
   int64_t e = e0;
   int stream = 0;
   if (sizeof(TY) == 4 && args.n * int64_t(sizeof(TY) + 1) >= kStreamBytes) {
-    // Stream y from its first 64-byte boundary (the head, whole groups of 4,
+    // Stream y from its first 64-byte boundary (the head, whole groups of 8,
     // by the scalar Philox); the mask too where it is then aligned as well.
     const int64_t head_bytes = int64_t(64 - reinterpret_cast<uintptr_t>(static_cast<TY*>(args.y) + e0) % 64) % 64;
-    if (head_bytes % int64_t(4 * sizeof(TY)) == 0) {
+    if (head_bytes % int64_t(8 * sizeof(TY)) == 0) {
       const int64_t head = std::min(head_bytes / int64_t(sizeof(TY)), e1 - e0);
       DropoutFwdScalar<TX, TY>(args, e0, e0 + head);
       e = e0 + head;
@@ -559,7 +573,7 @@ TEFL_DROPOUT_TARGET void DropoutFwdAvx512T(const DropArgs& args, int64_t e0, int
     default:
       e = DropoutFwdAvx512Steps<TX, TY, 0>(args, e, e1);
   }
-  DropoutFwdScalar<TX, TY>(args, e, e1);  // the last < 64 elements
+  DropoutFwdScalar<TX, TY>(args, e, e1);  // the last < 128 elements
 }
 
 template <class TX>
@@ -574,7 +588,7 @@ void DropoutFwdAvx512X(const DropArgs& args, int64_t e0, int64_t e1) {
   }
 }
 
-// dropout_fwd of elements [e0, e1), e0 a multiple of 4.
+// dropout_fwd of elements [e0, e1), e0 a multiple of 8.
 void DropoutFwdAvx512(const DropArgs& args, int64_t e0, int64_t e1) {
   switch (args.tx) {
     case DType::kF32:
@@ -595,11 +609,11 @@ tefl_status* Status(const tefl_call_frame* f, int32_t code, const char* what) no
 
 void Body(void* ctx, int64_t begin, int64_t end) {
   const DropArgs& a = *static_cast<const DropArgs*>(ctx);
-  // Work items are groups of 4 elements.
+  // Work items are groups of 8 elements.
 #if TEFL_DROPOUT_AVX512
-  if (a.avx512) return DropoutFwdAvx512(a, begin * 4, std::min(a.n, end * 4));
+  if (a.avx512) return DropoutFwdAvx512(a, begin * 8, std::min(a.n, end * 8));
 #endif
-  HWY_DYNAMIC_DISPATCH(DropoutRange)(a, begin * 4, std::min(a.n, end * 4));
+  HWY_DYNAMIC_DISPATCH(DropoutRange)(a, begin * 8, std::min(a.n, end * 8));
 }
 
 tefl_status* Run(const tefl_call_frame* f, bool fwd) {
@@ -619,14 +633,14 @@ tefl_status* Run(const tefl_call_frame* f, bool fwd) {
     if (a.n == 0) return nullptr;
     a.seed = attrs.seed;
     a.offset = attrs.offset;
-    a.threshold = DropoutThreshold(attrs.p);
+    a.threshold16 = DropoutThreshold16(attrs.p);
     a.scale = float(1.0 / (1.0 - double(attrs.p)));
     a.x = DataPtr(x);
     a.y = DataPtr(y);
     a.mask = static_cast<uint8_t*>(DataPtr(m));
     a.avx512 = fwd && TEFL_DROPOUT_AVX512 && PortablePathOn(PortablePath::kDropoutAvx512);
-    const int64_t groups = (a.n + 3) / 4;
-    f->host->parallel_for(groups, kBlock / 4, Body, &a);
+    const int64_t groups = (a.n + 7) / 8;
+    f->host->parallel_for(groups, kBlock / 8, Body, &a);
     return nullptr;
   } catch (const std::exception& e) {
     return Status(f, TEFL_INTERNAL, e.what());
@@ -651,7 +665,7 @@ bool PortableDropoutFwdAtGroup(DType tx, DType ty, int64_t n, uint64_t first_gro
   a.n = n;
   a.seed = seed;
   a.offset = offset;
-  a.threshold = DropoutThreshold(p);
+  a.threshold16 = DropoutThreshold16(p);
   a.scale = float(1.0 / (1.0 - double(p)));
   a.x = x;
   a.y = y;

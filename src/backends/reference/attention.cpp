@@ -69,7 +69,7 @@ double LogSumExp(const std::vector<double>& s, bool has_extra, double extra_logi
 double DropFactor(const AttnGeometry& g, int64_t bi, int64_t h, int64_t i, int64_t j) {
   if (!g.dropout) return 1.0;
   const uint64_t e = g.DropRow(bi, h, i) * g.DropCols() + g.DropCol(bi, j);
-  return g.Kept(e, DropoutThreshold(g.p)) ? 1.0 / (1.0 - double(g.p)) : 0.0;
+  return g.Kept(e, DropoutThreshold16(g.p)) ? 1.0 / (1.0 - double(g.p)) : 0.0;
 }
 
 // in (q, k, v, cu_seqlens_q?, cu_seqlens_kv?, softmax_offset?) -> out (o, stats)

@@ -1,7 +1,8 @@
 // reference.cpp — dropout: dropout_fwd / dropout_bwd (spec/ops.md,
 // "Dropout"; the keep rule in include/tefl/ops.h and backends/philox.h).
 //
-// The oracle: one element at a time, the scalar Philox-4x32-10, the output
+// The oracle: one element at a time, the scalar Philox-4x32-10 (one call per 8
+// elements), the output
 // x * m / (1 - p) computed in double and rounded once (m = 1 kept, 0
 // dropped; IEEE: a dropped NaN or inf gives NaN, as x * 0 does). The backward
 // treats any nonzero mask byte as kept.
@@ -25,12 +26,12 @@ tefl_status* Fwd(const tefl_call_frame* f, void*) {
   void* yp = DataPtr(f->outputs[0]);
   auto* mask = static_cast<uint8_t*>(DataPtr(f->outputs[1]));
   const int64_t n = NumElements(x);
-  const uint32_t threshold = DropoutThreshold(a.p);
+  const uint32_t threshold16 = DropoutThreshold16(a.p);
   const double inv_keep = 1.0 / (1.0 - double(a.p));
   Philox4 words{};
   for (int64_t i = 0; i < n; ++i) {
-    if (i % 4 == 0) words = DropoutWords(a.seed, a.offset, uint64_t(i) / 4);
-    const uint8_t keep = words.v[i % 4] >= threshold ? 1 : 0;
+    if (i % 8 == 0) words = DropoutWords(a.seed, a.offset, uint64_t(i) / 8);
+    const uint8_t keep = DropoutKept(words, uint64_t(i) % 8, threshold16) ? 1 : 0;
     mask[i] = keep;
     StoreFromDouble(yp, i, ty, double(LoadAsFloat(xp, i, tx)) * double(keep) * inv_keep);
   }
