@@ -599,6 +599,9 @@ HWY_INLINE void BwdRow(const BwdArgs& a, int64_t r, const T* dz, const T* x, con
   // instead of stalling the next row's first loads.
   const auto vmdy = hn::Set(df, mdy);
   const auto vmdyy = hn::Set(df, mdyy);
+  // A 16-bit dx vector is half a register: streamed only when that half is
+  // at least 16 bytes (SSE4's 8-byte halves would need a partial stream).
+  const bool stream = kStream && (sizeof(T) == 4 || nf * sizeof(T) >= 16);
   for (size_t i = 0, k = 0; i < hv; i += nf, ++k) {
     __builtin_prefetch(nx.dz + k * nx.step_dz, 0, 2);
     __builtin_prefetch(nx.x + k * nx.step_x, 0, 2);
@@ -609,7 +612,7 @@ HWY_INLINE void BwdRow(const BwdArgs& a, int64_t r, const T* dz, const T* x, con
     auto dxv = hn::Mul(vrs, hn::Sub(hn::NegMulAdd(vmdyy, y, dy), vmdy));
     // dx may be exactly add (rmsnorm_bwd_add in place): add is read first.
     if (add) dxv = hn::Add(dxv, LoadF(df, add + i));
-    if constexpr (kStream) {
+    if (stream) {
       StreamF(dxv, df, dx + i);
     } else {
       StoreF(dxv, df, dx + i);
