@@ -673,6 +673,44 @@ TEST(GemmConformanceSpecial, OneSubnormalAnywhereIsSeenBf16Output) {
       }
 }
 
+// The direct bf16-output path splits its tiles over the pool's threads by
+// owner-first column groups with 64-row tasks stolen by whichever thread is
+// free, so which thread computes a tile varies from call to call (and a call
+// made while the pool is busy runs every participant inline). D must be the
+// same bytes every time: repeated calls, and calls from two threads at once
+// (one of them inline), against the first result. Shapes with several
+// column groups (an odd number, a partial last one) and row tasks.
+TEST(GemmConformanceSpecial, DirectBf16ScheduleIndependent) {
+  const Shape shapes[] = {{136, 680, 96}, {300, 520, 64}, {520, 130, 62}};
+  for (const Shape& sh : shapes)
+    for (int epi : {0, 1}) {
+      SCOPED_TRACE(fmt::format("{}x{}x{} {}", sh.m, sh.n, sh.k, kEpilogues[epi].name));
+      Problem p = MakeGemm({DType::kBF16, DType::kBF16, DType::kBF16}, kEpilogues[epi], sh.m, sh.n, sh.k, false, false,
+                           fmt::format("sched{}{}", sh.m, sh.n));
+      CheckAll(p);
+      if (::testing::Test::HasFatalFailure()) return;
+      Problem first = p;
+      ASSERT_TRUE(first.Run("default.portable").ok());
+      for (int rep = 0; rep < 8; ++rep) {
+        Problem again = p;
+        ASSERT_TRUE(again.Run("default.portable").ok());
+        ASSERT_TRUE(again.out[kD]->SameBytes(*first.out[kD])) << "sequential call " << rep;
+      }
+      std::vector<Problem> runs(8, p);
+      std::vector<bool> ok(runs.size(), false);
+      auto body = [&](size_t i0) {
+        for (size_t i = i0; i < runs.size(); i += 2) ok[i] = runs[i].Run("default.portable").ok();
+      };
+      std::thread other(body, size_t(1));
+      body(0);
+      other.join();
+      for (size_t i = 0; i < runs.size(); ++i) {
+        ASSERT_TRUE(ok[i]) << "concurrent call " << i;
+        EXPECT_TRUE(runs[i].out[kD]->SameBytes(*first.out[kD])) << "concurrent call " << i;
+      }
+    }
+}
+
 // ---- te_general_grouped_gemm ------------------------------------------------------
 // in: A B m_splits bias a_scale_inv b_scale_inv d_scale; out: D pre_gelu_out bias_grad d_amax
 enum { kGSplits = 2, kGBias = 3 };

@@ -732,51 +732,74 @@ void Bf16Gemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, 
 }
 
 // The direct bf16 path in one fork-join (a pool wake-up costs tens of
-// microseconds: at 512^3 three of them were ~15 % of the call). Every
-// participant first claims packing units (kSuperRows rows of A, kGroupPanels
-// panels of B) from a shared counter, then waits until all units are packed
-// (only for units another participant is packing right now, so a caller that
-// runs the whole range inline never waits), and stops there when a unit saw
-// a subnormal (D untouched). Then it claims tiles tasks from a second
-// counter: whichever thread is awake takes the next task, and a tile's
-// result does not depend on which thread computes it (K is summed in
-// registers in one fixed order), so D is the same for any schedule.
+// microseconds: at 512^3 three of them were ~15 % of the call). Participant
+// t (of P) owns the column groups g with g % P == t: it first packs its own
+// groups' B panels (so they land in its own L2), then claims A units
+// (kSuperRows rows: packed, or only scanned when A is read in place) and any
+// B group still unclaimed, then waits until every unit is packed (only for
+// units another participant is packing right now, so a caller that runs
+// every participant inline never waits) and stops there when a unit saw a
+// subnormal (D untouched). Tiles: it runs its own groups, one kSuperRows
+// task at a time from each group's counter, then helps with the other
+// groups' remaining tasks. A thread that starts late or is preempted (2
+// vCPUs shared with other processes) thus costs at most one 64-row task of
+// imbalance, not a whole column group. A tile's sums do not depend on which
+// thread computes it (K is summed in registers in one fixed order), so D is
+// the same for any schedule and thread count.
+struct alignas(64) FusedGroup {
+  std::atomic<int64_t> next_super{0};  // the group's next unclaimed row task
+  std::atomic<bool> b_claimed{false};  // its B panels are being / have been packed
+};
 struct FusedCtx {
   Bf16Job* g;
-  int64_t a_units, units, tasks, chunk;
-  std::atomic<int64_t> next_unit{0}, packed_units{0}, next_task{0};
+  int64_t parts;
+  std::vector<FusedGroup> groups;
+  alignas(64) std::atomic<int64_t> next_a{0};
+  alignas(64) std::atomic<int64_t> packed_units{0};
 };
-void Bf16FusedBody(void* ctx, int64_t, int64_t) {
+void Bf16FusedBody(void* ctx, int64_t begin, int64_t end) {
   auto& x = *static_cast<FusedCtx*>(ctx);
   Bf16Job& g = *x.g;
   const int64_t blocks_per_super = kSuperRows / kMR;
-  for (int64_t u; (u = x.next_unit.fetch_add(1, std::memory_order_relaxed)) < x.units;) {
-    if (u < x.a_units && g.row_a) {  // A read in place: only its subnormal check
-      const int64_t r0 = u * kSuperRows, r1 = std::min(g.m, r0 + kSuperRows);
-      if (AnySubnormalBf16(g.a + r0 * g.k, (r1 - r0) * g.k)) g.hit.store(true, std::memory_order_relaxed);
-    } else if (u < x.a_units) {
-      PackABody(&g, u * blocks_per_super, std::min(g.m_blocks, (u + 1) * blocks_per_super));
-    } else {
-      const int64_t v = u - x.a_units;
-      PackBBody(&g, v * kGroupPanels, std::min(g.n_panels, (v + 1) * kGroupPanels));
-    }
+  const int64_t ng = g.n_groups, units = g.m_supers + ng;
+  auto pack_b = [&](int64_t v) {
+    if (x.groups[size_t(v)].b_claimed.exchange(true, std::memory_order_relaxed)) return;
+    PackBBody(&g, v * kGroupPanels, std::min(g.n_panels, (v + 1) * kGroupPanels));
     x.packed_units.fetch_add(1, std::memory_order_release);
-  }
-  for (int spins = 0; x.packed_units.load(std::memory_order_acquire) < x.units; ++spins) {
-    if (spins < 4096) {
-      _mm_pause();
-    } else {
-      std::this_thread::yield();  // the packer was preempted (a loaded machine)
+  };
+  auto run_group = [&](int64_t v) {
+    for (int64_t s; (s = x.groups[size_t(v)].next_super.fetch_add(1, std::memory_order_relaxed)) < g.m_supers;)
+      Bf16DirectBody(&g, v * g.m_supers + s, v * g.m_supers + s + 1);
+  };
+  for (int64_t t = begin; t < end; ++t) {  // one participant (several when run inline)
+    for (int64_t v = t; v < ng; v += x.parts) pack_b(v);
+    for (int64_t u; (u = x.next_a.fetch_add(1, std::memory_order_relaxed)) < g.m_supers;) {
+      if (g.row_a) {  // A read in place: only its subnormal check
+        const int64_t r0 = u * kSuperRows, r1 = std::min(g.m, r0 + kSuperRows);
+        if (AnySubnormalBf16(g.a + r0 * g.k, (r1 - r0) * g.k)) g.hit.store(true, std::memory_order_relaxed);
+      } else {
+        PackABody(&g, u * blocks_per_super, std::min(g.m_blocks, (u + 1) * blocks_per_super));
+      }
+      x.packed_units.fetch_add(1, std::memory_order_release);
     }
+    for (int64_t v = 0; v < ng; ++v) pack_b(v);
+    for (int spins = 0; x.packed_units.load(std::memory_order_acquire) < units; ++spins) {
+      if (spins < 4096) {
+        _mm_pause();
+      } else {
+        std::this_thread::yield();  // the packer was preempted (a loaded machine)
+      }
+    }
+    if (g.hit.load(std::memory_order_relaxed)) return;
+    for (int64_t v = t; v < ng; v += x.parts) run_group(v);
+    for (int64_t i = 1; i <= ng; ++i) run_group((t + i) % ng);
   }
-  if (g.hit.load(std::memory_order_relaxed)) return;
-  for (int64_t c; (c = x.next_task.fetch_add(1, std::memory_order_relaxed)) * x.chunk < x.tasks;)
-    Bf16DirectBody(&g, c * x.chunk, std::min(x.tasks, (c + 1) * x.chunk));
 }
 
 // out16 = bf16(alpha * op(A) op(B) + bias) in one fork-join, packing
 // included; false (out16 not written) when A or B holds a subnormal bf16
-// value. packed: Bf16PackedWords(m, n, k) words (no allocation here).
+// value. packed: Bf16PackedWords(m, n, k) words (no allocation here but the
+// per-group counters).
 bool Bf16FusedDirect(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                      const void* a, const void* b, std::vector<uint32_t>& packed, uint16_t* out16, const float* bias) {
   Bf16Job g;
@@ -789,12 +812,9 @@ bool Bf16FusedDirect(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int6
   g.row_a = !ta && k % 2 == 0 && reinterpret_cast<uintptr_t>(a) % 4 == 0;
   FusedCtx x;
   x.g = &g;
-  x.a_units = g.m_supers;
-  x.units = g.m_supers + g.n_groups;
-  x.tasks = g.n_groups * g.m_supers;
-  const int64_t parts = std::max<int64_t>(1, f->host->num_threads());
-  x.chunk = g.m_supers;  // a whole column group: each thread keeps its own B slice in L2
-  f->host->parallel_for(parts, 1, Bf16FusedBody, &x);
+  x.parts = std::max<int64_t>(1, f->host->num_threads());
+  x.groups = std::vector<FusedGroup>(size_t(g.n_groups));
+  f->host->parallel_for(x.parts, 1, Bf16FusedBody, &x);
   return !g.hit.load();
 }
 
