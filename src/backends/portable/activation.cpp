@@ -454,9 +454,9 @@ HWY_INLINE void SpanBwd(const Fn& fn, const T* HWY_RESTRICT g, const T* HWY_REST
   for (; i + K * nl <= n; i += K * nl) {
     V gv[K], v[K];
     if constexpr (std::is_same_v<T, bfloat16_t>) {
-      if (acc) {
-        hwy::Prefetch(reinterpret_cast<const char*>(g + i) + kDbiasPrefetchBytes);
-        hwy::Prefetch(reinterpret_cast<const char*>(x + i) + kDbiasPrefetchBytes);
+      if (acc) {  // addresses as integers: past the end near the last rows (prefetches never fault)
+        hwy::Prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(g + i) + kDbiasPrefetchBytes));
+        hwy::Prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(x + i) + kDbiasPrefetchBytes));
       }
     }
     LoadStep(d, g + i, gv);
