@@ -71,6 +71,11 @@ constexpr int64_t kBlock = 8192;
 constexpr size_t kTile = 512;
 // dbias: rows summed in fp32 before they are added to the double partials.
 constexpr int64_t kFlushRows = 32;
+// bf16 dbias: g and x are prefetched this many bytes ahead. With the fp32
+// column sums' loads and stores in the loop, the hardware prefetcher alone
+// left the large-shape loop waiting on memory (single thread, [8192, 4096]:
+// 21-26 ms without, 20-22 ms with; docs/perf-activation.md).
+constexpr size_t kDbiasPrefetchBytes = 2048;
 
 // One call. Non-gated: x, g, y are [rows, h]. Gated: x and (backward) y are
 // [rows, 2h], g and (forward) y [rows, h].
@@ -448,6 +453,12 @@ HWY_INLINE void SpanBwd(const Fn& fn, const T* HWY_RESTRICT g, const T* HWY_REST
   size_t i = 0;
   for (; i + K * nl <= n; i += K * nl) {
     V gv[K], v[K];
+    if constexpr (std::is_same_v<T, bfloat16_t>) {
+      if (acc) {  // addresses as integers: past the end near the last rows (prefetches never fault)
+        hwy::Prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(g + i) + kDbiasPrefetchBytes));
+        hwy::Prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(x + i) + kDbiasPrefetchBytes));
+      }
+    }
     LoadStep(d, g + i, gv);
     LoadStep(d, x + i, v);
     TEFL_UNROLL_K
