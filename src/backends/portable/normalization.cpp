@@ -92,6 +92,7 @@ struct BwdArgs {
   const float* rsigma;
   const float* g;
   void* dx;
+  bool same;    // dz, x, dx (and add) share one dtype: rows are read and written in it
   bool stream;  // non-temporal dx stores (large outputs, aligned rows; dx written in place by BwdRow)
 };
 
@@ -528,18 +529,10 @@ HWY_INLINE void RowFromF32(const float* src, DType t, void* base, int64_t r, siz
 }
 
 // ---- Backward ----------------------------------------------------------------
-// Exported: rows [r0, r1) of one block. scratch holds kBwdScratchRows * h
-// floats; dg/db (db NULL for RMSNorm) are this block's zero-initialised double
-// partials. The sums run in fp32 over short spans and are then added in
-// double: a row's two sums over chunks of kBwdChunk elements, the column sums
-// (dgamma, dbeta) over kBwdFoldRows rows at a time, in fp32 row buffers that
-// are then folded into dg/db. That keeps every fp32 sum to at most 256 terms
-// (error far inside the 5e-4 tolerance) and the loops at full vector width;
-// the order is fixed, so results depend only on (rows, num_threads).
 // One row: dz, x, add (NULL but for rmsnorm_bwd_add) and dx of type T (the
 // tensors themselves when every one has the same dtype, else fp32 row copies);
-// next_* the next row's tensor bytes and step_* their bytes per vector of
-// floats, prefetched during pass 2. cg/cb: the fp32 column sums; the tail
+// nx: the next row's tensor bytes and their bytes per vector of floats,
+// prefetched during pass 2. cg/cb: the fp32 column sums; the tail
 // past the last whole vector goes to dg/db directly.
 struct BwdNext {
   const char* dz;
@@ -599,9 +592,6 @@ HWY_INLINE void BwdRow(const BwdArgs& a, int64_t r, const T* dz, const T* x, con
   // instead of stalling the next row's first loads.
   const auto vmdy = hn::Set(df, mdy);
   const auto vmdyy = hn::Set(df, mdyy);
-  // A 16-bit dx vector is half a register: streamed only when that half is
-  // at least 16 bytes (SSE4's 8-byte halves would need a partial stream).
-  const bool stream = kStream && (sizeof(T) == 4 || nf * sizeof(T) >= 16);
   for (size_t i = 0, k = 0; i < hv; i += nf, ++k) {
     __builtin_prefetch(nx.dz + k * nx.step_dz, 0, 2);
     __builtin_prefetch(nx.x + k * nx.step_x, 0, 2);
@@ -612,7 +602,7 @@ HWY_INLINE void BwdRow(const BwdArgs& a, int64_t r, const T* dz, const T* x, con
     auto dxv = hn::Mul(vrs, hn::Sub(hn::NegMulAdd(vmdyy, y, dy), vmdy));
     // dx may be exactly add (rmsnorm_bwd_add in place): add is read first.
     if (add) dxv = hn::Add(dxv, LoadF(df, add + i));
-    if (stream) {
+    if constexpr (kStream) {
       StreamF(dxv, df, dx + i);
     } else {
       StoreF(dxv, df, dx + i);
@@ -632,6 +622,14 @@ HWY_INLINE void BwdRow(const BwdArgs& a, int64_t r, const T* dz, const T* x, con
   }
 }
 
+// Exported: rows [r0, r1) of one block. scratch holds kBwdScratchRows * h
+// floats; dg/db (db NULL for RMSNorm) are this block's zero-initialised double
+// partials. The sums run in fp32 over short spans and are then added in
+// double: a row's two sums over chunks of kBwdChunk elements, the column sums
+// (dgamma, dbeta) over kBwdFoldRows rows at a time, in fp32 row buffers that
+// are then folded into dg/db. That keeps every fp32 sum to at most 256 terms
+// (error far inside the 5e-4 tolerance) and the loops at full vector width;
+// the order is fixed, so results depend only on (rows, num_threads).
 void NormBwdBlock(const BwdArgs& a, int64_t r0, int64_t r1, float* scratch, double* dg, double* db) {
   const hn::ScalableTag<float> df;
   const hn::ScalableTag<double> dd;
@@ -654,7 +652,6 @@ void NormBwdBlock(const BwdArgs& a, int64_t r0, int64_t r1, float* scratch, doub
       hn::StoreU(hn::Zero(dfh), dfh, c + i);
     }
   };
-  const bool same = a.tdz == a.tx && a.tx == a.tdx && (!a.add || a.tadd == a.tx);
   const size_t ez = FloatElemSize(a.tdz), ex = FloatElemSize(a.tx), ea = FloatElemSize(a.tadd);
 
   int64_t since_fold = 0;
@@ -676,10 +673,10 @@ void NormBwdBlock(const BwdArgs& a, int64_t r0, int64_t r1, float* scratch, doub
         BwdRow<false>(a, r, dz, x, add, dx, nx, cg, cb, dg, db);
       }
     };
-    if (same && a.tx == DType::kBF16) {
+    if (a.same && a.tx == DType::kBF16) {
       row(static_cast<const bfloat16_t*>(a.dz) + off, static_cast<const bfloat16_t*>(a.x) + off,
           a.add ? static_cast<const bfloat16_t*>(a.add) + off : nullptr, static_cast<bfloat16_t*>(a.dx) + off);
-    } else if (same && a.tx == DType::kF16) {
+    } else if (a.same && a.tx == DType::kF16) {
       row(static_cast<const float16_t*>(a.dz) + off, static_cast<const float16_t*>(a.x) + off,
           a.add ? static_cast<const float16_t*>(a.add) + off : nullptr, static_cast<float16_t*>(a.dx) + off);
     } else {
@@ -901,11 +898,10 @@ tefl_status* NormBwd(const tefl_call_frame* f, int kind) {
       a.rsigma = static_cast<const float*>(DataPtr(rsigma));
       a.g = g.data();
       a.dx = DataPtr(dx);
-      // Streamed only where BwdRow writes dx itself: every dtype the same
-      // (with add, if any) or dx fp32.
-      const bool same = tdz == tx && tx == tdx && (!add || tadd == tx);
+      a.same = tdz == tx && tx == tdx && (!add || tadd == tx);
+      // Streamed only where BwdRow writes dx itself: a.same or dx fp32.
       const int64_t dx_row_bytes = h * int64_t(FloatElemSize(tdx));
-      a.stream = (same || tdx == DType::kF32) && rows * dx_row_bytes >= kStreamMinBytes && dx_row_bytes % 64 == 0 &&
+      a.stream = (a.same || tdx == DType::kF32) && rows * dx_row_bytes >= kStreamMinBytes && dx_row_bytes % 64 == 0 &&
                  reinterpret_cast<uintptr_t>(a.dx) % 64 == 0;
 
       BwdCtx c{&a, rows, blocks, hs, ncols, scratch.data(), partial.data()};

@@ -216,9 +216,13 @@ template <class DF>
 HWY_INLINE void StreamF(hn::Vec<DF> v, DF df, float* HWY_RESTRICT p) {
   hn::Stream(v, df, p);
 }
+// A 16-bit result of one fp32 vector is half a register: below 16 bytes
+// (SSE4's 8-byte halves) there is no non-temporal store of it, so those
+// targets store it plainly.
 template <class DF>
 HWY_INLINE void StreamF(hn::Vec<DF> v, DF df, bfloat16_t* HWY_RESTRICT p) {
   const hn::Rebind<uint16_t, DF> du16;
+  if (hn::Lanes(du16) * sizeof(uint16_t) < 16) return StoreF(v, df, p);
   hn::Stream(RoundToBF16Bits(v, df), du16, reinterpret_cast<uint16_t*>(p));
 }
 template <class DF>
@@ -226,6 +230,7 @@ HWY_INLINE void StreamF(hn::Vec<DF> v, DF df, float16_t* HWY_RESTRICT p) {
 #if TEFL_NATIVE_F16
   const hn::Rebind<uint16_t, DF> du16;
   const hn::Rebind<float16_t, DF> dh;
+  if (hn::Lanes(du16) * sizeof(uint16_t) < 16) return StoreF(v, df, p);
   hn::Stream(hn::BitCast(du16, hn::DemoteTo(dh, v)), du16, reinterpret_cast<uint16_t*>(p));
 #else
   StoreF(v, df, p);
