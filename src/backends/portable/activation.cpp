@@ -50,7 +50,7 @@
 
 #include "backends/backends.h"
 #include "backends/kernel_support.h"
-#include "backends/portable/dgelu_pieces.h"
+#include "backends/portable/act_pieces.h"
 #include "core/dtype.h"
 #include "core/fp8.h"
 #include "tefl/ops.h"
@@ -211,6 +211,36 @@ struct PlainGate {
   HWY_INLINE V GateGrad(V, V v) const { return v; }
 };
 
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+// ---- Piecewise derivatives (bf16 fast path, AVX-512) ----------------------------
+// f(x) with f(-x) = 1 - f(x) (dgelu, dsilu) from a table of act_pieces.h
+// (scripts/fit-act-pieces.py): |x| is clamped at `end`, the piece's index
+// is round(|x| scale), read from the low bits of |x| scale + 1.5 * 2^23
+// (vpermps uses 4 bits), and its degree-5 coefficients come from six 16-lane
+// tables. 20 operations, 7 of them multiplies or FMAs, against ~18 in the
+// sigmoid path (the bf16 loops' bottleneck). x < 0 takes 1 - p: absolute
+// error is what TE's atol governs at the derivatives' roots. NaN passes the
+// clamp (min returns its second operand) and the polynomial; x - x adds NaN
+// at +-inf, TE's formulas' inf * 0.
+HWY_INLINE V SymmetricPieces(D d, V x, V end, V scale, const float (&c)[6][16]) {
+  const V xc = hn::Min(end, hn::Abs(x));
+  const V magic = hn::Set(d, 12582912.0f);  // 1.5 * 2^23
+  const V k = hn::MulAdd(xc, scale, magic);
+  const V t = hn::MulSub(xc, scale, hn::Sub(k, magic));  // in [-0.5, 0.5]
+  const __m512i idx = _mm512_castps_si512(k.raw);
+  const auto coef = [&](int j) { return V{_mm512_permutexvar_ps(idx, _mm512_load_ps(c[j]))}; };
+  V p = coef(5);
+  p = hn::MulAdd(p, t, coef(4));
+  p = hn::MulAdd(p, t, coef(3));
+  p = hn::MulAdd(p, t, coef(2));
+  p = hn::MulAdd(p, t, coef(1));
+  p = hn::MulAdd(p, t, coef(0));
+  const __mmask16 neg = _mm512_cmp_ps_mask(x.raw, _mm512_setzero_ps(), _CMP_LT_OQ);
+  p = V{_mm512_mask_sub_ps(p.raw, neg, _mm512_set1_ps(1.0f), p.raw)};
+  return hn::Add(p, hn::Sub(x, x));
+}
+#endif
+
 // x * (0.5 + 0.5 tanh(x (k0 + k1 x^2))) = x * sigmoid(2 x (k0 + k1 x^2)).
 // dgelu: t = tanh(k0 x (1 + 0.044715 x^2)) = 2 s - 1 with s = sigmoid(2 k0 x
 // (1 + 0.044715 x^2)): 0.5 x (1 - t^2) p + 0.5 (1 + t) = x (2 s (1 - s) p) + s,
@@ -219,7 +249,7 @@ struct PlainGate {
 //
 // kFast (bf16 fast path): Act with the degree-3 exp and the bare reciprocal
 // estimate, ActDAct (and DAct below AVX-512) with the degree-4 exp
-// (ExpNonPositive); DAct on AVX-512 a piecewise polynomial (DActPieces).
+// (ExpNonPositive); DAct on AVX-512 a piecewise polynomial (SymmetricPieces).
 template <bool kFast = false>
 struct GeluFnT : PlainGate {
   HWY_INLINE V Act(V x) const {
@@ -242,7 +272,10 @@ struct GeluFnT : PlainGate {
   }
   HWY_INLINE V DAct(V x) const {
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-    if constexpr (kFast) return DActPieces(x);
+    if constexpr (kFast) {  // |error| <= 1.3e-7 (scripts/fit-act-pieces.py)
+      const D d;
+      return SymmetricPieces(d, x, hn::Set(d, kDgeluPieceEnd), hn::Set(d, kDgeluPieceScale), kDgeluPieces);
+    }
 #endif
     V s;
     return DActSig(x, s);
@@ -252,37 +285,6 @@ struct GeluFnT : PlainGate {
     dact = DActSig(x, s);
     act = hn::Mul(x, s);
   }
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  // kFast on AVX-512 (bf16 dgelu, dbias_dgelu): the piecewise polynomial of
-  // dgelu_pieces.h (scripts/fit-dgelu-pieces.py), |error| < 1.3e-7 against
-  // the double formula, below the sigmoid path's 7e-7; 20 operations, 7 of
-  // them multiplies or FMAs, against the sigmoid path's ~18 (the
-  // loop's bottleneck with bf16 data). The piece's index is round(|x| scale)
-  // read from the low bits of |x| scale + 1.5 * 2^23 (vpermps uses 4 bits),
-  // its coefficients come from six 16-lane tables. x < 0 takes 1 - p
-  // (dgelu(-x) = 1 - dgelu(x)): absolute error is what TE's atol governs at
-  // the root near -0.75. NaN passes the clamp (min returns its second operand)
-  // and the polynomial; x - x adds NaN at +-inf, TE's formula's inf * 0.
-  HWY_INLINE V DActPieces(V x) const {
-    const D d;
-    const V xc = hn::Min(hn::Set(d, kDgeluPieceEnd), hn::Abs(x));
-    const V magic = hn::Set(d, 12582912.0f);  // 1.5 * 2^23
-    const V scale = hn::Set(d, kDgeluPieceScale);
-    const V k = hn::MulAdd(xc, scale, magic);
-    const V t = hn::MulSub(xc, scale, hn::Sub(k, magic));  // in [-0.5, 0.5]
-    const __m512i idx = _mm512_castps_si512(k.raw);
-    const auto coef = [&](int j) { return V{_mm512_permutexvar_ps(idx, _mm512_load_ps(kDgeluPieces[j]))}; };
-    V p = coef(5);
-    p = hn::MulAdd(p, t, coef(4));
-    p = hn::MulAdd(p, t, coef(3));
-    p = hn::MulAdd(p, t, coef(2));
-    p = hn::MulAdd(p, t, coef(1));
-    p = hn::MulAdd(p, t, coef(0));
-    const __mmask16 neg = _mm512_cmp_ps_mask(x.raw, _mm512_setzero_ps(), _CMP_LT_OQ);
-    p = V{_mm512_mask_sub_ps(p.raw, neg, _mm512_set1_ps(1.0f), p.raw)};
-    return hn::Add(p, hn::Sub(x, x));
-  }
-#endif
 };
 
 // x * sigmoid(alpha x): qgelu (alpha 1.702), silu (alpha 1) and clamped
@@ -295,6 +297,13 @@ struct SigmoidLinearFnT : PlainGate {
     return hn::Mul(x, Sigmoid<kFast>(d, hn::Mul(hn::Set(d, alpha), x)));
   }
   HWY_INLINE V DAct(V x) const {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+    if constexpr (kFast) {  // dsilu(alpha x), |error| <= 1.2e-6 (scripts/fit-act-pieces.py)
+      const D d;
+      return SymmetricPieces(d, x, hn::Set(d, kDsiluPieceEnd / alpha), hn::Set(d, kDsiluPieceScale * alpha),
+                             kDsiluPieces);
+    }
+#endif
     V act, dact;
     ActDAct(x, act, dact);
     return dact;
