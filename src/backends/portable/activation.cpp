@@ -165,24 +165,13 @@ HWY_INLINE void SigmoidParts(D d, V u, V& r, V& q) {
 template <bool kFast = false>
 HWY_INLINE V Sigmoid(D d, V u) {
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  // kFast on AVX-512: s = 1 / (1 + e^-u) straight, no select. u is clamped to
-  // [-89, 105] (min/max return their second operand for a NaN u, so NaN
-  // stays): e^-u overflows to +inf at -89 (s = 0 exactly, so gelu(-inf) =
-  // -inf * 0 = NaN as TE's formula) and vscalefps underflows it to 0 at 105
-  // (s = the estimate of 1); in between s has the relative error of e^-u
-  // plus the estimate's. The same degree-3 exp as kFast's ExpNonPositive,
-  // on -u.
+  // kFast on AVX-512: s = 1 / (1 + 2^w), w = -u log2(e), straight, no
+  // select, no clamp: Exp2Reduced's 2^w is +inf for w > 128 (s = 0; u =
+  // -inf: s = 0, so gelu(-inf) = -inf * 0 = NaN as TE's formula) and 0 for
+  // w < -150 (s = the estimate of 1), NaN for NaN. In between s has the
+  // relative error of the degree-3 2^f plus the estimate's.
   if constexpr (kFast) {
-    u = hn::Min(hn::Set(d, 105.0f), hn::Max(hn::Set(d, -89.0f), u));
-    const V magic = hn::Set(d, 12583039.0f);
-    const V t = hn::MulAdd(u, hn::Set(d, -1.44269504088896341f), magic);  // -u / ln 2 + magic
-    const V n = hn::Sub(t, magic);
-    const V r = hn::NegMulSub(n, hn::Set(d, 0.693147180559945309f), u);  // -u - n ln 2
-    V p = hn::Set(d, 0.16566842252380337f);
-    p = hn::MulAdd(p, r, hn::Set(d, 0.5049633176500491f));
-    p = hn::MulAdd(p, r, hn::Set(d, 1.0001641890817925f));
-    p = hn::MulAdd(p, r, hn::Set(d, 0.9999280720300502f));
-    const V e = V{_mm512_scalef_ps(p.raw, n.raw)};
+    const V e = Exp2Reduced<3>(d, hn::Mul(u, hn::Set(d, -1.44269504088896341f)));
     return hn::ApproximateReciprocal(hn::Add(hn::Set(d, 1.0f), e));
   }
 #endif
@@ -195,7 +184,13 @@ HWY_INLINE V Sigmoid(D d, V u) {
 // select). kBf16: the degree-4 exp (bf16 outputs of derivatives).
 template <bool kBf16 = false>
 HWY_INLINE void SigmoidAndSlope(D d, V u, V& s, V& sp) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  // exp(-|u|) = 2^(-|u| log2(e)): Exp2Reduced, two operations fewer.
+  const V e = kBf16 ? Exp2Reduced<4>(d, hn::Mul(hn::Or(u, hn::SignBit(d)), hn::Set(d, 1.44269504088896341f)))
+                    : ExpNonPositive<5>(d, hn::Or(u, hn::SignBit(d)));
+#else
   const V e = ExpNonPositive < kBf16 ? 4 : 5 > (d, hn::Or(u, hn::SignBit(d)));  // exp(-|u|)
+#endif
   const V r = Recip12(d, hn::Add(hn::Set(d, 1.0f), e));
   const V q = hn::Mul(e, r);
   s = hn::IfThenElse(hn::Lt(u, hn::Zero(d)), q, r);
