@@ -362,9 +362,15 @@ struct GluFnT : PlainGate {
 template <bool kFast = false>
 struct ClampedFnT {
   float limit, alpha;
+  // x86's minps/maxps return the second operand when either is NaN, so
+  // Min(limit, a) keeps a NaN a; elsewhere an explicit select does.
   HWY_INLINE V Clamp(V a) const {
     const V vl = hn::Set(D(), limit);
+#if HWY_ARCH_X86 && HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128
+    return hn::Min(vl, a);
+#else
     return hn::IfThenElse(hn::Gt(a, vl), vl, a);
+#endif
   }
   HWY_INLINE V Act(V a) const { return SigmoidLinearFnT<kFast>{{}, alpha}.Act(Clamp(a)); }
   HWY_INLINE V DAct(V a) const {
@@ -379,7 +385,11 @@ struct ClampedFnT {
   HWY_INLINE V Gate(V b) const {
     const D d;
     const V vl = hn::Set(d, limit), nl = hn::Set(d, -limit);
+#if HWY_ARCH_X86 && HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128
+    const V c = hn::Max(nl, hn::Min(vl, b));  // NaN b stays (see Clamp)
+#else
     const V c = hn::IfThenElse(hn::Lt(b, nl), nl, hn::IfThenElse(hn::Gt(b, vl), vl, b));
+#endif
     return hn::Add(c, hn::Set(d, 1.0f));
   }
   HWY_INLINE V GateGrad(V b, V v) const {
