@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Run `tefl bench` several times and report per-op medians.
+
+One `tefl bench` invocation times each op once (a median over --min-time) next to
+the copy bandwidth it measured at its start. On a shared machine a whole
+invocation can land in a disturbed stretch, and the copy baseline itself moves
+between invocations (26-43 GB/s here). This script repeats the invocation and
+reports, per op x implementation, the median time and the median of the rounds'
+own "% of copy" (each round's op against that round's copy), with the range.
+
+    python3 bench/bench_rounds.py [--rounds 3] [--tefl build/release/tools/tefl/tefl]
+        [--markdown] -- <tefl bench options, e.g. --impl default.portable --dtype bf16 --op gelu>
+"""
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tefl", default="build/release/tools/tefl/tefl")
+    ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("bench_args", nargs=argparse.REMAINDER, help="after --: options for `tefl bench`")
+    args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
+    bench_args = args.bench_args[1:] if args.bench_args[:1] == ["--"] else args.bench_args
+    rows, copies, nt_copies = {}, [], []
+    for _ in range(args.rounds):
+        out = subprocess.run([args.tefl, "bench", "--json", *bench_args], capture_output=True, text=True)
+        if out.returncode != 0:
+            sys.exit(f"tefl bench failed ({out.returncode}): {out.stderr.strip()}")
+        j = json.loads(out.stdout)
+        copies.append(j["copy_gbps"])
+        if "stream_copy_gbps" in j:
+            nt_copies.append(j["stream_copy_gbps"])
+        for r in j["results"]:
+            if "seconds" not in r:
+                continue
+            shape = r["shape"] if isinstance(r["shape"], str) else "x".join(map(str, r["shape"]))
+            key = (r["op"], r["impl"], r["dtype"], shape)
+            rows.setdefault(key, []).append((r["seconds"] * 1e3, r["gbps"], r["pct_of_copy"]))
+
+    def span(v, fmt):
+        return f"{fmt.format(statistics.median(v))} ({fmt.format(min(v))}-{fmt.format(max(v))})"
+
+    head = ["op", "impl", "dtype", "shape", "ms median (range)", "GB/s median", "% of copy median (range)"]
+    lines = []
+    for (op, impl, dtype, shape), v in rows.items():
+        ms, gbps, pct = zip(*v)
+        lines.append([op, impl, dtype, shape, span(ms, "{:.3f}"), f"{statistics.median(gbps):.1f}",
+                      span(pct, "{:.0f}")])
+    copy_line = f"{args.rounds} rounds; copy {span(copies, '{:.1f}')} GB/s"
+    if nt_copies:
+        copy_line += f", NT copy {span(nt_copies, '{:.1f}')} GB/s"
+    print(copy_line)
+    if args.markdown:
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---|" * len(head))
+        for l in lines:
+            print("| " + " | ".join(l) + " |")
+    else:
+        widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
+        for l in [head, *lines]:
+            print("  ".join(str(x).ljust(w) for x, w in zip(l, widths)).rstrip())
+
+
+if __name__ == "__main__":
+    main()
