@@ -293,7 +293,7 @@ struct SigmoidLinearFnT : PlainGate {
   }
   HWY_INLINE V DAct(V x) const {
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-    if constexpr (kFast) {  // dsilu(alpha x), |error| <= 1.2e-6 (scripts/fit-act-pieces.py)
+    if constexpr (kFast) {  // dsilu(alpha x) (alpha 1 or 1.702), |error| <= 1.2e-6 (scripts/fit-act-pieces.py)
       const D d;
       return SymmetricPieces(d, x, hn::Set(d, kDsiluPieceEnd / alpha), hn::Set(d, kDsiluPieceScale * alpha),
                              kDsiluPieces);

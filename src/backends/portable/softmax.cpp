@@ -126,11 +126,11 @@ namespace hn = hwy::HWY_NAMESPACE;
 // which propagates it into the sum, and so into every kept column.
 template <bool kHasMask, class TX>
 HWY_INLINE float ScoreRow(const TX* HWY_RESTRICT x, const uint8_t* HWY_RESTRICT m, size_t kept, float scale,
-                          float masked, float* HWY_RESTRICT s) {
+                          float* HWY_RESTRICT s) {
   const hn::ScalableTag<float> df;
   const size_t nf = hn::Lanes(df);
   const auto vscale = hn::Set(df, scale);
-  const auto vmasked = hn::Set(df, masked);
+  const auto vmasked = hn::Set(df, -10000.0f);
   auto vmax = hn::Set(df, -std::numeric_limits<float>::infinity());
   auto vmax2 = vmax;
   size_t j = 0;
@@ -158,7 +158,7 @@ HWY_INLINE float ScoreRow(const TX* HWY_RESTRICT x, const uint8_t* HWY_RESTRICT 
   }
   float mx = hn::GetLane(hn::MaxOfLanes(df, hn::Max(vmax, vmax2)));
   for (; j < kept; ++j) {
-    const float v = kHasMask && m[j] != 0 ? masked : scale * ScalarLoad(x + j);
+    const float v = kHasMask && m[j] != 0 ? -10000.0f : scale * ScalarLoad(x + j);
     s[j] = v;
     mx = std::max(mx, v);
   }
@@ -227,8 +227,9 @@ HWY_INLINE V ExpTaylor(DF df, V x) {
 // ~1.5e-4 (the sum is fp32) against bf16's half step 2^-9 = 2e-3. Its range
 // handling matches ExpTaylor's: -inf (padding, masked -10000 - max far below)
 // gives 0, NaN stays NaN. Other degrees: ExpTaylor.
-// On AVX-512 the scores of the kDeg 3 path are in log2 units (Log2Units) and
-// e^(s - max) is Exp2Reduced's 2^(s - max): three operations fewer.
+// On AVX-512 the scores of the kDeg 3 path (FastRow) are in log2 units
+// (Log2Unit) and e^(s - max) is Exp2Reduced's 2^(s - max): three operations
+// fewer.
 constexpr bool kExp2Scores = HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL;
 template <int kDeg, class DF, class V>
 HWY_INLINE V ExpRowElem(DF df, V x) {
@@ -275,7 +276,7 @@ HWY_INLINE float ExpRow(float* HWY_RESTRICT s, size_t padded, float mx, const TX
 // (fewer loads and stores per element: the scratch traffic, not the exp, set
 // the pace). The scores and the max are the same fp32 values as
 // ScoreRow's; the masked -10000 and padding -inf are as there.
-template <bool kHasMask, class TX>
+template <bool kHasMask>
 HWY_INLINE auto MaskSelect(const uint8_t* HWY_RESTRICT m, size_t at, hn::Vec<hn::ScalableTag<float>> masked,
                            hn::Vec<hn::ScalableTag<float>> v) {
   if constexpr (kHasMask) {
@@ -307,11 +308,11 @@ HWY_INLINE float ScoreMax(const TX* HWY_RESTRICT x, const uint8_t* HWY_RESTRICT 
   auto vmax2 = vmax;
   size_t j = 0;
   for (; j + 2 * nf <= kept; j += 2 * nf) {
-    vmax = hn::Max(vmax, MaskSelect<kHasMask, TX>(m, j, vmasked, hn::Mul(LoadF(df, x + j), vscale)));
-    vmax2 = hn::Max(vmax2, MaskSelect<kHasMask, TX>(m, j + nf, vmasked, hn::Mul(LoadF(df, x + j + nf), vscale)));
+    vmax = hn::Max(vmax, MaskSelect<kHasMask>(m, j, vmasked, hn::Mul(LoadF(df, x + j), vscale)));
+    vmax2 = hn::Max(vmax2, MaskSelect<kHasMask>(m, j + nf, vmasked, hn::Mul(LoadF(df, x + j + nf), vscale)));
   }
   for (; j + nf <= kept; j += nf) {
-    vmax = hn::Max(vmax, MaskSelect<kHasMask, TX>(m, j, vmasked, hn::Mul(LoadF(df, x + j), vscale)));
+    vmax = hn::Max(vmax, MaskSelect<kHasMask>(m, j, vmasked, hn::Mul(LoadF(df, x + j), vscale)));
   }
   float mx = hn::GetLane(hn::MaxOfLanes(df, hn::Max(vmax, vmax2)));
   for (; j < kept; ++j) mx = std::max(mx, kHasMask && m[j] != 0 ? masked : scale * ScalarLoad(x + j));
@@ -329,7 +330,7 @@ HWY_INLINE float ExpScores(const TX* HWY_RESTRICT x, const uint8_t* HWY_RESTRICT
   // x * scale - max in one rounding is (x * scale) - max within an ulp of
   // the difference; it is <= 0 up to that ulp, where the exp is ~1.
   const auto w = [&](size_t at) HWY_ATTR {
-    return MaskSelect<kHasMask, TX>(m, at, vmasked, hn::MulAdd(LoadF(df, x + at), vscale, vnegmx));
+    return MaskSelect<kHasMask>(m, at, vmasked, hn::MulAdd(LoadF(df, x + at), vscale, vnegmx));
   };
   size_t j = 0;
   for (; j + 2 * nf <= kept; j += 2 * nf) {
@@ -421,21 +422,19 @@ HWY_INLINE void WriteRow(const float* HWY_RESTRICT s, size_t kept, size_t sk, fl
 }
 
 template <bool kHasMask, class TX>
-HWY_INLINE float ScoreRowX(const SmFwdArgs& a, int64_t r, const uint8_t* m, size_t kept, float unit, float* s) {
-  return ScoreRow<kHasMask>(static_cast<const TX*>(a.x) + size_t(r) * size_t(a.sk), m, kept, a.scale * unit,
-                            -10000.0f * unit, s);
+HWY_INLINE float ScoreRowX(const SmFwdArgs& a, int64_t r, const uint8_t* m, size_t kept, float* s) {
+  return ScoreRow<kHasMask>(static_cast<const TX*>(a.x) + size_t(r) * size_t(a.sk), m, kept, a.scale, s);
 }
 
-// unit: 1, or log2(e) when pass 2 takes 2^s (Log2Units).
 template <bool kHasMask>
-HWY_INLINE float ScoreAny(const SmFwdArgs& a, int64_t r, const uint8_t* m, size_t kept, float unit, float* s) {
+HWY_INLINE float ScoreAny(const SmFwdArgs& a, int64_t r, const uint8_t* m, size_t kept, float* s) {
   switch (a.tx) {
     case DType::kF32:
-      return ScoreRowX<kHasMask, float>(a, r, m, kept, unit, s);
+      return ScoreRowX<kHasMask, float>(a, r, m, kept, s);
     case DType::kBF16:
-      return ScoreRowX<kHasMask, bfloat16_t>(a, r, m, kept, unit, s);
+      return ScoreRowX<kHasMask, bfloat16_t>(a, r, m, kept, s);
     default:
-      return ScoreRowX<kHasMask, float16_t>(a, r, m, kept, unit, s);
+      return ScoreRowX<kHasMask, float16_t>(a, r, m, kept, s);
   }
 }
 
@@ -451,7 +450,9 @@ HWY_INLINE float ExpRowX(const SmFwdArgs& a, float* s, size_t padded, float mx, 
   }
 }
 
-HWY_INLINE float ExpAny(const SmFwdArgs& a, int64_t r, int64_t r1, float* s, size_t padded, float mx, float unit) {
+// The three-pass path: kDeg 6 / 5 / 4 for fp32 / fp16 / bf16 outputs (the
+// degree-3 path is FastRow).
+HWY_INLINE float ExpAny(const SmFwdArgs& a, int64_t r, int64_t r1, float* s, size_t padded, float mx) {
   // The next row of this chunk (this row again for the last) is prefetched.
   const int64_t nr = r + 1 < r1 ? r + 1 : r;
   const size_t next_len = size_t(KeptColumns(a, nr));
@@ -462,9 +463,7 @@ HWY_INLINE float ExpAny(const SmFwdArgs& a, int64_t r, int64_t r1, float* s, siz
     case DType::kF16:
       return ExpRowX<5>(a, s, padded, mx, off, next_len);
     default:
-      // kDeg 3 on AVX-512 needs the scores in log2 units (Log2Unit).
-      return a.fast && (!kExp2Scores || unit != 1.0f) ? ExpRowX<3>(a, s, padded, mx, off, next_len)
-                                                      : ExpRowX<4>(a, s, padded, mx, off, next_len);
+      return ExpRowX<4>(a, s, padded, mx, off, next_len);
   }
 }
 
@@ -536,10 +535,10 @@ void SoftmaxFwdRows(const SmFwdArgs& a, int64_t r0, int64_t r1, float* s) {
       live = kept;
       inv = 1.0f / (m ? FastRow<true>(a, r, r1, m, kept, unit, s) : FastRow<false>(a, r, r1, nullptr, kept, unit, s));
     } else if (!none) {
-      const float mx = m ? ScoreAny<true>(a, r, m, kept, unit, s) : ScoreAny<false>(a, r, nullptr, kept, unit, s);
+      const float mx = m ? ScoreAny<true>(a, r, m, kept, s) : ScoreAny<false>(a, r, nullptr, kept, s);
       live = kept;
       // NaN when the row holds a NaN, a +inf (inf - inf) or only -inf.
-      inv = 1.0f / ExpAny(a, r, r1, s, (kept + nf - 1) / nf * nf, mx, unit);
+      inv = 1.0f / ExpAny(a, r, r1, s, (kept + nf - 1) / nf * nf, mx);
     }
     if (a.stream) {
       WriteAny<true>(a, r, s, live, inv);
