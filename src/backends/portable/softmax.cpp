@@ -124,47 +124,71 @@ namespace hn = hwy::HWY_NAMESPACE;
 // ---- Forward pass 1: scores and their max ----------------------------------
 // No NaN bookkeeping: a NaN score (or inf - inf below) reaches ExpTaylor,
 // which propagates it into the sum, and so into every kept column.
-template <bool kHasMask, class TX>
+
+// v where the mask byte at m + at is 0, masked where it is not.
+template <bool kHasMask>
+HWY_INLINE auto MaskSelect(const uint8_t* HWY_RESTRICT m, size_t at, hn::Vec<hn::ScalableTag<float>> masked,
+                           hn::Vec<hn::ScalableTag<float>> v) {
+  if constexpr (kHasMask) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+    // vptestmb: the 16 mask bytes straight into a lane mask.
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(m + at));
+    return decltype(v){_mm512_mask_blend_ps(_mm_test_epi8_mask(b, b), v.raw, masked.raw)};
+#endif
+    const hn::ScalableTag<float> df;
+    const hn::Rebind<uint8_t, decltype(df)> d8;
+    const hn::Rebind<uint32_t, decltype(df)> du;
+    const auto mk = hn::Ne(hn::PromoteTo(du, hn::LoadU(d8, m + at)), hn::Zero(du));
+    return hn::IfThenElse(hn::RebindMask(df, mk), masked, v);
+  } else {
+    (void)m;
+    (void)at;
+    (void)masked;
+    return v;
+  }
+}
+
+// Scores x * scale (masked where the mask is set) and their max. kStore:
+// into s, padded to whole vectors with -inf (exp gives 0 there); without it
+// (FastRow's pass 1) only the max.
+template <bool kHasMask, bool kStore, class TX>
 HWY_INLINE float ScoreRow(const TX* HWY_RESTRICT x, const uint8_t* HWY_RESTRICT m, size_t kept, float scale,
-                          float* HWY_RESTRICT s) {
+                          float masked, float* HWY_RESTRICT s) {
   const hn::ScalableTag<float> df;
   const size_t nf = hn::Lanes(df);
   const auto vscale = hn::Set(df, scale);
-  const auto vmasked = hn::Set(df, -10000.0f);
+  const auto vmasked = hn::Set(df, masked);
   auto vmax = hn::Set(df, -std::numeric_limits<float>::infinity());
   auto vmax2 = vmax;
   size_t j = 0;
   const auto score = [&](size_t at) HWY_ATTR {
-    auto v = hn::Mul(LoadF(df, x + at), vscale);
-    if constexpr (kHasMask) {
-      const hn::Rebind<uint8_t, decltype(df)> d8;
-      const hn::Rebind<uint32_t, decltype(df)> du;
-      const auto mk = hn::Ne(hn::PromoteTo(du, hn::LoadU(d8, m + at)), hn::Zero(du));
-      v = hn::IfThenElse(hn::RebindMask(df, mk), vmasked, v);
-    }
-    return v;
+    const auto v = hn::Mul(LoadF(df, x + at), vscale);
+    return MaskSelect<kHasMask>(m, at, vmasked, v);
   };
   for (; j + 2 * nf <= kept; j += 2 * nf) {
     const auto v0 = score(j), v1 = score(j + nf);
-    hn::StoreU(v0, df, s + j);
-    hn::StoreU(v1, df, s + j + nf);
+    if constexpr (kStore) {
+      hn::StoreU(v0, df, s + j);
+      hn::StoreU(v1, df, s + j + nf);
+    }
     vmax = hn::Max(vmax, v0);
     vmax2 = hn::Max(vmax2, v1);
   }
   for (; j + nf <= kept; j += nf) {
     const auto v0 = score(j);
-    hn::StoreU(v0, df, s + j);
+    if constexpr (kStore) hn::StoreU(v0, df, s + j);
     vmax = hn::Max(vmax, v0);
   }
   float mx = hn::GetLane(hn::MaxOfLanes(df, hn::Max(vmax, vmax2)));
   for (; j < kept; ++j) {
-    const float v = kHasMask && m[j] != 0 ? -10000.0f : scale * ScalarLoad(x + j);
-    s[j] = v;
+    const float v = kHasMask && m[j] != 0 ? masked : scale * ScalarLoad(x + j);
+    if constexpr (kStore) s[j] = v;
     mx = std::max(mx, v);
   }
-  // Pad to whole vectors with -inf: exp gives 0 there.
-  const size_t padded = (kept + nf - 1) / nf * nf;
-  for (; j < padded; ++j) s[j] = -std::numeric_limits<float>::infinity();
+  if constexpr (kStore) {
+    const size_t padded = (kept + nf - 1) / nf * nf;
+    for (; j < padded; ++j) s[j] = -std::numeric_limits<float>::infinity();
+  }
   return mx;
 }
 
@@ -269,56 +293,13 @@ HWY_INLINE float ExpRow(float* HWY_RESTRICT s, size_t padded, float mx, const TX
   return hn::GetLane(hn::SumOfLanes(df, hn::Add(sum0, sum1)));
 }
 
-// ---- Forward passes 1 and 2 of the kDeg 3 path (bf16 outputs) --------------
+// ---- Forward pass 2 of the kDeg 3 path (bf16 outputs) ----------------------
 // The row of x is read twice instead of going through the scratch row twice:
-// pass 1 takes only the max of the scores, pass 2 recomputes each score from
-// x (in L1: just read) as one FMA, x * scale - max, and stores the exp into s
-// (fewer loads and stores per element: the scratch traffic, not the exp, set
-// the pace). The scores and the max are the same fp32 values as
-// ScoreRow's; the masked -10000 and padding -inf are as there.
-template <bool kHasMask>
-HWY_INLINE auto MaskSelect(const uint8_t* HWY_RESTRICT m, size_t at, hn::Vec<hn::ScalableTag<float>> masked,
-                           hn::Vec<hn::ScalableTag<float>> v) {
-  if constexpr (kHasMask) {
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-    // vptestmb: the 16 mask bytes straight into a lane mask.
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(m + at));
-    return decltype(v){_mm512_mask_blend_ps(_mm_test_epi8_mask(b, b), v.raw, masked.raw)};
-#endif
-    const hn::ScalableTag<float> df;
-    const hn::Rebind<uint8_t, decltype(df)> d8;
-    const hn::Rebind<uint32_t, decltype(df)> du;
-    const auto mk = hn::Ne(hn::PromoteTo(du, hn::LoadU(d8, m + at)), hn::Zero(du));
-    return hn::IfThenElse(hn::RebindMask(df, mk), masked, v);
-  } else {
-    (void)m;
-    (void)at;
-    (void)masked;
-    return v;
-  }
-}
-
-template <bool kHasMask, class TX>
-HWY_INLINE float ScoreMax(const TX* HWY_RESTRICT x, const uint8_t* HWY_RESTRICT m, size_t kept, float scale,
-                          float masked) {
-  const hn::ScalableTag<float> df;
-  const size_t nf = hn::Lanes(df);
-  const auto vscale = hn::Set(df, scale), vmasked = hn::Set(df, masked);
-  auto vmax = hn::Set(df, -std::numeric_limits<float>::infinity());
-  auto vmax2 = vmax;
-  size_t j = 0;
-  for (; j + 2 * nf <= kept; j += 2 * nf) {
-    vmax = hn::Max(vmax, MaskSelect<kHasMask>(m, j, vmasked, hn::Mul(LoadF(df, x + j), vscale)));
-    vmax2 = hn::Max(vmax2, MaskSelect<kHasMask>(m, j + nf, vmasked, hn::Mul(LoadF(df, x + j + nf), vscale)));
-  }
-  for (; j + nf <= kept; j += nf) {
-    vmax = hn::Max(vmax, MaskSelect<kHasMask>(m, j, vmasked, hn::Mul(LoadF(df, x + j), vscale)));
-  }
-  float mx = hn::GetLane(hn::MaxOfLanes(df, hn::Max(vmax, vmax2)));
-  for (; j < kept; ++j) mx = std::max(mx, kHasMask && m[j] != 0 ? masked : scale * ScalarLoad(x + j));
-  return mx;
-}
-
+// pass 1 is ScoreRow without its stores (the max only); this pass recomputes
+// each score from x (in L1: just read) as one FMA, x * scale - max, and
+// stores the exp into s (fewer loads and stores per element: the scratch
+// traffic, not the exp, set the pace). Masked scores and the -inf padding are
+// as in ScoreRow.
 template <bool kHasMask, class TX>
 HWY_INLINE float ExpScores(const TX* HWY_RESTRICT x, const uint8_t* HWY_RESTRICT m, size_t kept, float scale,
                            float masked, float mx, float* HWY_RESTRICT s, const TX* next, size_t next_len) {
@@ -423,7 +404,8 @@ HWY_INLINE void WriteRow(const float* HWY_RESTRICT s, size_t kept, size_t sk, fl
 
 template <bool kHasMask, class TX>
 HWY_INLINE float ScoreRowX(const SmFwdArgs& a, int64_t r, const uint8_t* m, size_t kept, float* s) {
-  return ScoreRow<kHasMask>(static_cast<const TX*>(a.x) + size_t(r) * size_t(a.sk), m, kept, a.scale, s);
+  return ScoreRow<kHasMask, true>(static_cast<const TX*>(a.x) + size_t(r) * size_t(a.sk), m, kept, a.scale, -10000.0f,
+                                  s);
 }
 
 template <bool kHasMask>
@@ -496,7 +478,7 @@ HWY_INLINE float FastRowX(const SmFwdArgs& a, int64_t r, int64_t r1, const uint8
   const size_t sk = size_t(a.sk);
   const TX* x = static_cast<const TX*>(a.x) + size_t(r) * sk;
   const float scale = a.scale * unit, masked = -10000.0f * unit;
-  const float mx = ScoreMax<kHasMask>(x, m, kept, scale, masked);
+  const float mx = ScoreRow<kHasMask, false>(x, m, kept, scale, masked, nullptr);
   const int64_t nr = r + 1 < r1 ? r + 1 : r;  // the next row of the chunk is prefetched
   return ExpScores<kHasMask>(x, m, kept, scale, masked, mx, s, static_cast<const TX*>(a.x) + size_t(nr) * sk,
                              size_t(KeptColumns(a, nr)));
