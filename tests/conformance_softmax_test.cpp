@@ -837,7 +837,13 @@ TEST(SoftmaxConformanceSpecial, LargeAlignedOutputs) {
       std::vector<const DLTensor*> inp;
       for (Tensor& x : in) inp.push_back(x.ptr());
       const Status s = RunImplDL(c.op, impl, inp, {&yv}, &attrs);
-      if (!s.ok() && !MustServe(impl) && s.IsUnsupported()) continue;
+      // Any other implementation may decline (strict policy:
+      // FAILED_PRECONDITION; oneDNN 2.6 has no bf16 softmax backward without
+      // AVX-512), and must then have written nothing.
+      if (!s.ok() && !MustServe(impl) && (s.IsUnsupported() || s.code() == TEFL_FAILED_PRECONDITION)) {
+        EXPECT_EQ(std::memcmp(buf.bytes(), pristine.bytes(), buf.nbytes()), 0) << "declined after writing";
+        continue;
+      }
       ASSERT_TRUE(s.ok()) << s.ToString();
       EXPECT_TRUE(buf.GuardsIntact());
       const auto* b = static_cast<const unsigned char*>(buf.bytes());
