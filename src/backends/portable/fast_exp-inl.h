@@ -77,6 +77,41 @@ HWY_INLINE V ExpNonPositive(DF d, V v) {
 #endif
 }
 
+// e^(-u) for any u, for the bf16 sigmoid 1 / (1 + e^(-u)) below AVX-512
+// (activation.cpp): no select on the sign of u is needed when the result may
+// be huge. u is clamped to [-88.73, 87.33] first (min(u, c) returns c for a
+// NaN u on x86: the sigmoid is then ~1 and the caller's x * s keeps the NaN),
+// so n = round(-u / ln 2) is in [-126, 128] and 2^n comes from the exponent
+// field as in ExpNonPositive; n = 128 gives exponent field 255, i.e. +inf, so
+// e^(-u) is +inf for u <= -88.38 and the sigmoid exactly 0 there (TE's
+// gelu(-inf) = -inf * 0 = NaN holds). Above u = 87.33 the result stays
+// 2^-126 p (1 + e is 1). Same polynomial and relative error as
+// ExpNonPositive<kDeg> in between. 10 operations.
+template <int kDeg, class DF, class V = hn::Vec<DF>>
+HWY_INLINE V ExpNegClamped(DF d, V u) {
+  const hn::RebindToUnsigned<DF> du;
+  u = hn::Max(hn::Min(u, hn::Set(d, 87.33f)), hn::Set(d, -88.73f));
+  const V magic = hn::Set(d, 12583039.0f);  // 1.5 * 2^23 + 127
+  const V t = hn::MulAdd(u, hn::Set(d, -1.44269504088896341f), magic);
+  const V n = hn::Sub(t, magic);
+  const V r = hn::NegMulSub(n, hn::Set(d, 0.693147180559945309f), u);  // -u - n ln 2
+  V p;
+  if constexpr (kDeg == 3) {
+    p = hn::Set(d, 0.16566842252380337f);
+    p = hn::MulAdd(p, r, hn::Set(d, 0.5049633176500491f));
+    p = hn::MulAdd(p, r, hn::Set(d, 1.0001641890817925f));
+    p = hn::MulAdd(p, r, hn::Set(d, 0.9999280720300502f));
+  } else {
+    static_assert(kDeg == 4);
+    p = hn::Set(d, 0.04145860806239317f);
+    p = hn::MulAdd(p, r, hn::Set(d, 0.16790908276062141f));
+    p = hn::MulAdd(p, r, hn::Set(d, 0.5000435872713622f));
+    p = hn::MulAdd(p, r, hn::Set(d, 0.9999634042348399f));
+    p = hn::MulAdd(p, r, hn::Set(d, 0.9999992614265667f));
+  }
+  return hn::Mul(p, hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(du, t))));
+}
+
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
 // 2^w for any w, AVX-512 only, for callers that can fold log2(e) into an
 // earlier multiply: f = w - floor(w) in [0, 1] (vreduceps; exactly 0 for
