@@ -125,28 +125,44 @@ HWY_INLINE void InitConsts(const DropArgs& a, PhiloxConsts& c) {
   c.one = hn::Set(du, 1u);
 }
 
-// Ten rounds on Lanes(u64) counters (c0 = lo32(g), c1 = hi32(g) per lane);
-// the low halves of w[0..3] are the four words.
-HWY_INLINE void PhiloxRounds(const PhiloxConsts& k, hn::Vec<hn::ScalableTag<uint64_t>> c0,
-                             hn::Vec<hn::ScalableTag<uint64_t>> c1, hn::Vec<hn::ScalableTag<uint64_t>>* w) {
+// Ten rounds on kN vectors of Lanes(u64) counters each (c0[i] = lo32(g) per
+// lane, c1 = hi32(g), shared); the low halves of w[i][0..3] are the four
+// words. The kN chains are independent and interleaved round by round: one
+// chain is a 10-round dependency (~60 cycles of vpmuludq + shift + xor
+// latency on AVX2), so two or more hide each other's latency.
+template <int kN>
+HWY_INLINE void PhiloxRounds(const PhiloxConsts& k, const hn::Vec<hn::ScalableTag<uint64_t>>* c0in,
+                             hn::Vec<hn::ScalableTag<uint64_t>> c1in, hn::Vec<hn::ScalableTag<uint64_t>> (*w)[4]) {
   const hn::ScalableTag<uint32_t> du;
-  auto c2 = k.c2, c3 = k.c3;
-  for (int r = 0; r < 10; ++r) {
-    const auto p0 = hn::MulEven(hn::BitCast(du, c0), hn::BitCast(du, k.m0));
-    const auto p1 = hn::MulEven(hn::BitCast(du, c2), hn::BitCast(du, k.m1));
-    c0 = hn::Xor3(hn::ShiftRight<32>(p1), c1, k.k0[r]);
-    c1 = p1;
-    c2 = hn::Xor3(hn::ShiftRight<32>(p0), c3, k.k1[r]);
-    c3 = p0;
+  hn::Vec<hn::ScalableTag<uint64_t>> c0[kN], c1[kN], c2[kN], c3[kN];
+  _Pragma("GCC unroll 4") for (int i = 0; i < kN; ++i) {
+    c0[i] = c0in[i];
+    c1[i] = c1in;
+    c2[i] = k.c2;
+    c3[i] = k.c3;
   }
-  w[0] = c0;
-  w[1] = c1;
-  w[2] = c2;
-  w[3] = c3;
+  for (int r = 0; r < 10; ++r) {
+    _Pragma("GCC unroll 4") for (int i = 0; i < kN; ++i) {
+      const auto p0 = hn::MulEven(hn::BitCast(du, c0[i]), hn::BitCast(du, k.m0));
+      const auto p1 = hn::MulEven(hn::BitCast(du, c2[i]), hn::BitCast(du, k.m1));
+      c0[i] = hn::Xor3(hn::ShiftRight<32>(p1), c1[i], k.k0[r]);
+      c1[i] = p1;
+      c2[i] = hn::Xor3(hn::ShiftRight<32>(p0), c3[i], k.k1[r]);
+      c3[i] = p0;
+    }
+  }
+  _Pragma("GCC unroll 4") for (int i = 0; i < kN; ++i) {
+    w[i][0] = c0[i];
+    w[i][1] = c1[i];
+    w[i][2] = c2[i];
+    w[i][3] = c3[i];
+  }
 }
 
-// Mask bytes of groups [g, g + Lanes(u32)) (8 bytes each) into out: two u64
-// vectors of counters, their words gathered into u32 vectors.
+// Mask bytes of groups [g, g + kPairs Lanes(u32)) (8 bytes each) into out:
+// per pair two u64 vectors of counters, their words gathered into u32
+// vectors.
+template <int kPairs>
 HWY_INLINE void MaskGroupsVector(const PhiloxConsts& k, uint64_t g, uint8_t* out) {
   const hn::ScalableTag<uint64_t> d64;
   const hn::ScalableTag<uint32_t> du;
@@ -154,21 +170,23 @@ HWY_INLINE void MaskGroupsVector(const PhiloxConsts& k, uint64_t g, uint8_t* out
   const size_t n64 = hn::Lanes(d64);
   const auto hi = hn::Set(d64, g >> 32);
   const auto lo = hn::Add(hn::Set(d64, uint32_t(g)), hn::Iota(d64, 0));  // no carry (checked by the caller)
-  hn::Vec<decltype(d64)> wa[4], wb[4];
-  PhiloxRounds(k, lo, hi, wa);
-  PhiloxRounds(k, hn::Add(lo, hn::Set(d64, n64)), hi, wb);
+  hn::Vec<decltype(d64)> c0[2 * kPairs], w[2 * kPairs][4];
+  _Pragma("GCC unroll 4") for (int i = 0; i < 2 * kPairs; ++i) c0[i] = hn::Add(lo, hn::Set(d64, uint64_t(i) * n64));
+  PhiloxRounds<2 * kPairs>(k, c0, hi, w);
   const auto thr = hn::BitCast(di, k.thr);
   const auto kept = [&](hn::Vec<decltype(du)> half) HWY_ATTR {
     return hn::IfThenZeroElse(hn::RebindMask(du, hn::Lt(hn::BitCast(di, half), thr)), k.one);
   };
-  // Keep bytes of halves 2i (low) and 2i + 1 (high) of word i, as bytes 0, 1 of a u32 lane.
-  const auto pair = [&](int i) HWY_ATTR {
-    const auto w = hn::ConcatEven(du, hn::BitCast(du, wb[i]), hn::BitCast(du, wa[i]));
-    return hn::Or(kept(hn::And(w, k.half)), hn::ShiftLeft<8>(kept(hn::ShiftRight<16>(w))));
-  };
-  const auto bytes03 = hn::Or(pair(0), hn::ShiftLeft<16>(pair(1)));  // elements 8g + 0..3
-  const auto bytes47 = hn::Or(pair(2), hn::ShiftLeft<16>(pair(3)));  // elements 8g + 4..7
-  hn::StoreInterleaved2(bytes03, bytes47, du, reinterpret_cast<uint32_t*>(out));
+  _Pragma("GCC unroll 2") for (int j = 0; j < kPairs; ++j) {
+    // Keep bytes of halves 2i (low) and 2i + 1 (high) of word i, as bytes 0, 1 of a u32 lane.
+    const auto pair = [&](int i) HWY_ATTR {
+      const auto v = hn::ConcatEven(du, hn::BitCast(du, w[2 * j + 1][i]), hn::BitCast(du, w[2 * j][i]));
+      return hn::Or(kept(hn::And(v, k.half)), hn::ShiftLeft<8>(kept(hn::ShiftRight<16>(v))));
+    };
+    const auto bytes03 = hn::Or(pair(0), hn::ShiftLeft<16>(pair(1)));  // elements 8g + 0..3
+    const auto bytes47 = hn::Or(pair(2), hn::ShiftLeft<16>(pair(3)));  // elements 8g + 4..7
+    hn::StoreInterleaved2(bytes03, bytes47, du, reinterpret_cast<uint32_t*>(out + size_t(j) * hn::Lanes(du) * 8));
+  }
 }
 #endif
 
@@ -182,9 +200,14 @@ HWY_INLINE void MaskRange(const DropArgs& a, int64_t e0, int64_t e1) {
   if (g + lanes <= full_end) {
     PhiloxConsts k;
     InitConsts(a, k);
+    // Two pairs of chains a step (MaskGroupsVector<2>), then one.
+    while (g + 2 * lanes <= full_end && uint32_t(g) <= UINT32_MAX - uint32_t(2 * lanes - 1)) {
+      MaskGroupsVector<2>(k, g, a.mask + g * 8);
+      g += 2 * lanes;
+    }
     while (g + lanes <= full_end) {
       if (uint32_t(g) > UINT32_MAX - uint32_t(lanes - 1)) break;  // lo32 would wrap: scalar
-      MaskGroupsVector(k, g, a.mask + g * 8);
+      MaskGroupsVector<1>(k, g, a.mask + g * 8);
       g += lanes;
     }
   }
