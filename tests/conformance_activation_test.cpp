@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <vector>
@@ -599,6 +600,40 @@ TEST(ActivationSpecial, DenseSweepBf16) {
     }
     std::printf("[  NOTE    ] %s bf16 on default.portable: %.3f%% of %lld outputs one ulp from the reference\n",
                 op.name, 100.0 * double(off1) / double(n), static_cast<long long>(n));
+  }
+}
+
+// bf16 NaNs of every shape (quiet and signalling, smallest and largest
+// payloads, both signs) in x, and in grad for the backward ops: every output
+// next to them is NaN. default.portable's all-bf16 path rounds without a NaN
+// select (RoundBF16HiFromBF16Data): a widened bf16 NaN has a zero low half,
+// so the rounding bias cannot carry it into infinity or the sign.
+TEST(ActivationSpecial, Bf16NanPayloads) {
+  const uint16_t nans[] = {0x7FC0, 0xFFC0, 0x7F81, 0xFF81, 0x7FFF, 0xFFFF, 0x7FBF, 0xFFC1};
+  const int64_t h = 72;  // a few whole steps and a tail on every target
+  for (const OpInfo& op : kOps) {
+    for (bool in_grad : {false, true}) {
+      if (in_grad && !HasGrad(op.kind)) continue;
+      SCOPED_TRACE(fmt::format("{} {}", op.name, in_grad ? "grad" : "x"));
+      Problem p = MakeProblem(op, {DType::kBF16, DType::kBF16, DType::kBF16, DType::kBF16}, {1}, h, "nanpay");
+      const bool fwd = op.kind == Kind::kFwd || op.kind == Kind::kGatedFwd;
+      Tensor& x = in_grad ? p.In("grad") : p.In(fwd ? "input" : "fwd_input");
+      if (in_grad) p.In("fwd_input").Fill(0.5);
+      std::vector<int64_t> at;
+      for (int64_t j = 0; j < h; j += 5) at.push_back(j);
+      for (size_t k = 0; k < at.size(); ++k) {
+        const uint16_t b = nans[k % std::size(nans)];
+        std::memcpy(static_cast<unsigned char*>(x.bytes()) + 2 * at[k], &b, 2);
+      }
+      ASSERT_TRUE(RunImpl(op.name, "default.portable", Ptrs(p.in), Ptrs(p.out), p.attrs()).ok());
+      const Tensor& y = p.out[0].t;
+      for (int64_t j : at) {
+        EXPECT_TRUE(std::isnan(y.at(j))) << "output at " << j << ": " << y.at(j);
+        if (op.kind == Kind::kGatedBwd && !in_grad) {
+          EXPECT_TRUE(std::isnan(y.at(h + j))) << "db at " << j;
+        }
+      }
+    }
   }
 }
 

@@ -469,8 +469,10 @@ HWY_INLINE void StoreStep(D d, const V* v, bfloat16_t* HWY_RESTRICT p, bool stre
   } else  // NOLINT(readability/braces)
 #endif
   {
-    const auto lo = hn::ShiftRight<16>(RoundBF16Hi(v[0], d));  // rounded to nearest even
-    const auto hi = hn::And(RoundBF16Hi(v[1], d), hn::Set(du, 0xFFFF0000u));
+    // Rounded to nearest even; the fast path's inputs are all bf16, so its
+    // NaNs have zero low halves (RoundBF16HiFromBF16Data).
+    const auto lo = hn::ShiftRight<16>(RoundBF16HiFromBF16Data(v[0], d));
+    const auto hi = hn::And(RoundBF16HiFromBF16Data(v[1], d), hn::Set(du, 0xFFFF0000u));
     w = hn::Or(lo, hi);
   }
   uint32_t* q = reinterpret_cast<uint32_t*>(p);

@@ -118,6 +118,24 @@ HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> RoundBF16Hi(hn::Vec<DF> v, DF df) {
   const auto quiet_nan = hn::Or(bits, hn::Set(du, 0x00400000u));
   return hn::IfThenElse(hn::RebindMask(du, hn::Ne(v, v)), quiet_nan, rounded);
 }
+// RoundBF16Hi without its NaN select, for values whose NaNs all have zero low
+// 16 bits: then bits + 0x7FFF + lsb cannot carry out of the low half, and
+// the upper half is the NaN as it was. That holds on x86 for results computed
+// from bf16 data (widened NaNs have zero low halves, arithmetic keeps an
+// operand's payload, only quieting it, and invalid operations give the
+// default NaN 0xFFC00000); other architectures may not keep payloads, so
+// there this is RoundBF16Hi.
+template <class DF>
+HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> RoundBF16HiFromBF16Data(hn::Vec<DF> v, DF df) {
+#if HWY_ARCH_X86
+  const hn::RebindToUnsigned<DF> du;
+  const auto bits = hn::BitCast(du, v);
+  const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
+  return hn::Add(bits, hn::Add(hn::Set(du, 0x7FFFu), lsb));
+#else
+  return RoundBF16Hi(v, df);
+#endif
+}
 // One vector's bf16 bits, narrowed: the upper halves fit in [0, 65535], so
 // the saturating int32 -> uint16 demotion is exact.
 template <class DF>
