@@ -9,8 +9,9 @@
 //  1. the keep mask, vectorised Philox-4x32-10: each u64 lane runs one
 //     counter (one group of 8 elements, a 16-bit half of its words each) in
 //     its low half, so one MulEven is a lane's full 32x32 -> 64 product (hi =
-//     product >> 32, lo = the low half as is); 2 x Lanes(u64) groups per
-//     step, their words gathered into u32 lanes (ConcatEven), both halves of
+//     product >> 32, lo = the low half as is); 4 x Lanes(u64) groups per
+//     step (then 2), four ten-round chains interleaved to hide their
+//     latency, their words gathered into u32 lanes (ConcatEven), both halves of
 //     each compared, the keep bytes of halves 0-3 and 4-7 of a group packed
 //     into two u32 (little-endian: byte k is element 8g + k) and stored
 //     interleaved straight into the mask tensor;
