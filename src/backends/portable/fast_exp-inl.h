@@ -36,17 +36,9 @@ HWY_BEFORE_NAMESPACE();
 namespace tefl::backends::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// d is a full float tag (the AVX-512 path uses the whole 512-bit register).
-template <int kDeg = 5, class DF, class V = hn::Vec<DF>>
-HWY_INLINE V ExpNonPositive(DF d, V v) {
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  v = hn::Max(hn::Set(d, -105.0f), v);  // _mm512_max_ps: the second operand when either is NaN
-#endif
-  const hn::RebindToUnsigned<DF> du;
-  const V magic = hn::Set(d, 12583039.0f);  // 1.5 * 2^23 + 127
-  const V t = hn::MulAdd(v, hn::Set(d, 1.44269504088896341f), magic);
-  const V n = hn::Sub(t, magic);
-  const V r = hn::MulAdd(n, hn::Set(d, -0.693147180559945309f), v);
+// e^r on |r| <= ln 2 / 2, near-minimax of degree kDeg (3, 4 or 5).
+template <int kDeg, class DF, class V = hn::Vec<DF>>
+HWY_INLINE V ExpReducedPoly(DF d, V r) {
   V p;
   if constexpr (kDeg == 3) {
     p = hn::Set(d, 0.16566842252380337f);
@@ -68,6 +60,21 @@ HWY_INLINE V ExpNonPositive(DF d, V v) {
     p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
     p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
   }
+  return p;
+}
+
+// d is a full float tag (the AVX-512 path uses the whole 512-bit register).
+template <int kDeg = 5, class DF, class V = hn::Vec<DF>>
+HWY_INLINE V ExpNonPositive(DF d, V v) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  v = hn::Max(hn::Set(d, -105.0f), v);  // _mm512_max_ps: the second operand when either is NaN
+#endif
+  const hn::RebindToUnsigned<DF> du;
+  const V magic = hn::Set(d, 12583039.0f);  // 1.5 * 2^23 + 127
+  const V t = hn::MulAdd(v, hn::Set(d, 1.44269504088896341f), magic);
+  const V n = hn::Sub(t, magic);
+  const V r = hn::MulAdd(n, hn::Set(d, -0.693147180559945309f), v);
+  const V p = ExpReducedPoly<kDeg>(d, r);
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   (void)du;
   return V{_mm512_scalef_ps(p.raw, n.raw)};
@@ -95,21 +102,7 @@ HWY_INLINE V ExpNegClamped(DF d, V u) {
   const V t = hn::MulAdd(u, hn::Set(d, -1.44269504088896341f), magic);
   const V n = hn::Sub(t, magic);
   const V r = hn::NegMulSub(n, hn::Set(d, 0.693147180559945309f), u);  // -u - n ln 2
-  V p;
-  if constexpr (kDeg == 3) {
-    p = hn::Set(d, 0.16566842252380337f);
-    p = hn::MulAdd(p, r, hn::Set(d, 0.5049633176500491f));
-    p = hn::MulAdd(p, r, hn::Set(d, 1.0001641890817925f));
-    p = hn::MulAdd(p, r, hn::Set(d, 0.9999280720300502f));
-  } else {
-    static_assert(kDeg == 4);
-    p = hn::Set(d, 0.04145860806239317f);
-    p = hn::MulAdd(p, r, hn::Set(d, 0.16790908276062141f));
-    p = hn::MulAdd(p, r, hn::Set(d, 0.5000435872713622f));
-    p = hn::MulAdd(p, r, hn::Set(d, 0.9999634042348399f));
-    p = hn::MulAdd(p, r, hn::Set(d, 0.9999992614265667f));
-  }
-  return hn::Mul(p, hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(du, t))));
+  return hn::Mul(ExpReducedPoly<kDeg>(d, r), hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(du, t))));
 }
 
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
