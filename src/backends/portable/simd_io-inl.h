@@ -128,6 +128,7 @@ HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> RoundBF16Hi(hn::Vec<DF> v, DF df) {
 template <class DF>
 HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> RoundBF16HiFromBF16Data(hn::Vec<DF> v, DF df) {
 #if HWY_ARCH_X86
+  (void)df;
   const hn::RebindToUnsigned<DF> du;
   const auto bits = hn::BitCast(du, v);
   const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
