@@ -205,15 +205,16 @@ TEST(Fp8Vector, Every256CodeDequantizesExactlyAndRoundTrips) {
 
 // Every code times scale_inv, bit for bit against Fp8ToFloat(code) *
 // scale_inv rounded to the output dtype: scales where the vector code folds
-// 2^(127 - bias) into scale_inv (0.37, -3, 2^7, 2^-100) and where it cannot
-// (2^8, 2^-120: fp32 subnormal results, 0, inf, NaN). NaN results: any NaN
+// its decode factor (2^(127 - bias); 2^8 or 1 through F16C) into scale_inv
+// (0.37, -3, 2^7, 2^-100; 2^119 with F16C) and where it cannot (2^8 and 2^119
+// without F16C, 2^120, 2^-120: fp32 subnormal results, 0, inf, NaN). NaN results: any NaN
 // (the payload of NaN * NaN is the hardware's choice), except with
 // scale_inv = 1, where it is Fp8DecodeTable's sign | 0x7FC00000.
 TEST(Fp8Vector, Every256CodeTimesScaleInvIsBitExact) {
   for (DType fmt : kFormats) {
     Tensor q(fmt, {256 * 3});
     for (int i = 0; i < 256 * 3; ++i) static_cast<uint8_t*>(q.bytes())[i] = uint8_t(i % 256);
-    for (float sinv : {1.0f, 0.37f, -3.0f, 0x1p7f, 0x1p-100f, 0x1p8f, 0x1p-120f, 0.0f, INFINITY,
+    for (float sinv : {1.0f, 0.37f, -3.0f, 0x1p7f, 0x1p-100f, 0x1p8f, 0x1p119f, 0x1p120f, 0x1p-120f, 0.0f, INFINITY,
                        std::numeric_limits<float>::quiet_NaN()}) {
       for (DType xt : kFloats) {
         for (const std::string& impl : Impls("dequantize")) {
@@ -699,6 +700,74 @@ TEST(QuantizationConformance, FusedEqualsBaseThenQuantize) {
     EXPECT_EQ(Compare(fq, q, ToleranceFor(DType::kE4M3)).mismatches, 0) << impl;
     EXPECT_NEAR(F(famax, 0), F(amax, 0), 1e-5 * F(amax, 0)) << impl;
     EXPECT_EQ(F(fsinv, 0), 1.0f / 64.0f);
+  }
+}
+
+// Fused FP8 outputs of at least 32 MiB with 64-byte aligned rows are stored
+// with non-temporal stores (AVX-512 and AVX2): every code, amax and
+// scale_inv equal those of the same rows in four smaller calls, which store
+// normally.
+TEST(QuantizationConformance, FusedFp8LargeStreamedCallsMatchSmallerCalls) {
+  const int64_t rows = 4096, h = 8192, chunks = 4, chunk_rows = rows / chunks;
+  for (const char* op : {"swiglu_fp8", "rmsnorm_fwd_fp8"}) {
+    const bool gated = std::string(op) == "swiglu_fp8";
+    const int64_t w = gated ? 2 * h : h;
+    Tensor x(DType::kBF16, {rows, w}), g(DType::kBF16, {h});
+    x.Uniform(std::string(op) + "/large", -3.0, 3.0);
+    g.Uniform("gamma/large");
+    tefl_norm_fwd_attrs attrs{TEFL_NORM_FWD_ATTRS_STRUCT_SIZE, 1e-5f, 0, 0};
+    const void* at = gated ? nullptr : &attrs;
+    Tensor scale = Scalar(40.0f);
+    for (const std::string& impl : Impls(op)) {
+      if (impl == kReference) continue;
+      SCOPED_TRACE(std::string(op) + " on " + impl);
+      // z: a view into a larger buffer, moved to the next 64-byte boundary.
+      Tensor buf(DType::kE4M3, {rows * h + 64});
+      const uint64_t offset = (64 - reinterpret_cast<uintptr_t>(buf.bytes()) % 64) % 64;
+      DLTensor zv = buf.dl();
+      std::vector<int64_t> zshape = {rows, h};
+      zv.shape = zshape.data();
+      zv.ndim = 2;
+      zv.byte_offset = offset;
+      Tensor rs = Output(DType::kF32, {rows}), amax = Output(DType::kF32, {1}), sinv = Output(DType::kF32, {1});
+      std::vector<const DLTensor*> in = {x.ptr()};
+      if (!gated) in.push_back(g.ptr());
+      in.push_back(scale.ptr());
+      std::vector<DLTensor*> out = {&zv};
+      if (!gated) out.push_back(rs.ptr());
+      out.push_back(amax.ptr());
+      out.push_back(sinv.ptr());
+      const Status s = RunImplDL(op, impl, in, out, at);
+      if (!s.ok() && !MustServe(impl) && s.code() == TEFL_FAILED_PRECONDITION) continue;
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      const uint8_t* z = static_cast<const uint8_t*>(buf.bytes()) + offset;
+      float chunk_amax = 0.0f;
+      for (int64_t c = 0; c < chunks; ++c) {
+        Tensor xc(DType::kBF16, {chunk_rows, w});
+        std::memcpy(xc.bytes(), static_cast<const char*>(x.bytes()) + c * chunk_rows * w * 2,
+                    size_t(chunk_rows * w * 2));
+        Tensor zc = Output(DType::kE4M3, {chunk_rows, h}), rsc = Output(DType::kF32, {chunk_rows}),
+               ac = Output(DType::kF32, {1}), sc = Output(DType::kF32, {1});
+        std::vector<Tensor*> cin = {&xc};
+        if (!gated) cin.push_back(&g);
+        cin.push_back(&scale);
+        std::vector<Tensor*> cout = {&zc};
+        if (!gated) cout.push_back(&rsc);
+        cout.push_back(&ac);
+        cout.push_back(&sc);
+        ASSERT_TRUE(RunImpl(op, impl, cin, cout, at).ok());
+        EXPECT_EQ(std::memcmp(zc.bytes(), z + c * chunk_rows * h, size_t(chunk_rows * h)), 0) << "rows of chunk " << c;
+        if (!gated) {
+          EXPECT_EQ(
+              std::memcmp(rsc.bytes(), static_cast<const float*>(rs.bytes()) + c * chunk_rows, size_t(chunk_rows * 4)),
+              0);
+        }
+        EXPECT_EQ(F(sc, 0), F(sinv, 0));
+        chunk_amax = std::max(chunk_amax, F(ac, 0));
+      }
+      EXPECT_EQ(F(amax, 0), chunk_amax);
+      EXPECT_GT(chunk_amax, 0.0f);
+    }
   }
 }
 
