@@ -138,11 +138,18 @@ using V = hn::Vec<D>;
 // exactly 1 and 0; a NaN u gives NaN.
 // kFast: the estimate alone (AVX-512 rcp14: relative error < 2^-14; the
 // other targets' estimates are 2^-12 or better), for bf16 outputs.
+// 1 / v for v in [1, 2] with one Newton step from the estimate on every
+// target (relative error ~1e-7 below AVX-512): the bf16 derivatives, which
+// need no exact 1/1.
+HWY_INLINE V RecipOneStep(D d, V v) {
+  const V r0 = hn::ApproximateReciprocal(v);
+  return hn::Mul(r0, hn::NegMulAdd(v, r0, hn::Set(d, 2.0f)));
+}
+
 template <bool kFast = false>
 HWY_INLINE V Recip12(D d, V v) {  // 1 / v for v in [1, 2]
-  const V r0 = hn::ApproximateReciprocal(v);
-  if constexpr (kFast) return r0;
-  const V r1 = hn::Mul(r0, hn::NegMulAdd(v, r0, hn::Set(d, 2.0f)));
+  if constexpr (kFast) return hn::ApproximateReciprocal(v);
+  const V r1 = RecipOneStep(d, v);
 #if HWY_TARGET > HWY_AVX3
   // Below AVX-512 the estimate has 12 bits (rcpps: 1/1 is 0.99976), one step
   // leaves ~1 ulp and sigmoid(large u) just under 1 (gelu(1e30) != 1e30); a
@@ -153,14 +160,6 @@ HWY_INLINE V Recip12(D d, V v) {  // 1 / v for v in [1, 2]
 #else
   return r1;
 #endif
-}
-
-// 1 / v for v in [1, 2] with one Newton step from the estimate on every
-// target (relative error ~1e-7 below AVX-512): the bf16 derivatives, which
-// need no exact 1/1.
-HWY_INLINE V RecipOneStep(D d, V v) {
-  const V r0 = hn::ApproximateReciprocal(v);
-  return hn::Mul(r0, hn::NegMulAdd(v, r0, hn::Set(d, 2.0f)));
 }
 
 template <bool kFast = false>

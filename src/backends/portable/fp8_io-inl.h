@@ -415,11 +415,7 @@ template <class DF>
 HWY_INLINE hn::Vec<hn::Repartition<uint16_t, DF>> Bf16BitsNoPayload2(DF df, hn::Vec<DF> v0, hn::Vec<DF> v1) {
   const hn::RebindToUnsigned<DF> du;
   const hn::Repartition<uint16_t, DF> du16;
-  const auto round = [&](hn::Vec<DF> v) {
-    const auto bits = hn::BitCast(du, v);
-    const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
-    return hn::BitCast(du16, hn::Add(bits, hn::Add(hn::Set(du, 0x7FFFu), lsb)));
-  };
+  const auto round = [&](hn::Vec<DF> v) { return hn::BitCast(du16, AddBF16RoundingBias(du, hn::BitCast(du, v))); };
   return hn::ConcatOdd(du16, round(v1), round(v0));
 }
 

@@ -106,17 +106,22 @@ HWY_INLINE void StoreF(hn::Vec<DF> v, DF df, float* HWY_RESTRICT p) {
 }
 
 // bf16 round to nearest even by hand (Highway 1.0.3's DemoteTo truncates):
-// returns the fp32 bits with the rounded bf16 in the upper half, i.e.
-// bits + 0x7FFF + lsb; a NaN keeps its payload with the quiet bit set (the
-// bias could carry a NaN into the sign bit).
+// fp32 bits + 0x7FFF + lsb have the rounded bf16 in the upper half, for
+// every non-NaN (the bias could carry a NaN's payload into the exponent or
+// the sign bit).
+template <class DU>
+HWY_INLINE hn::Vec<DU> AddBF16RoundingBias(DU du, hn::Vec<DU> bits) {
+  const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
+  return hn::Add(bits, hn::Add(hn::Set(du, 0x7FFFu), lsb));
+}
+// The fp32 bits with the rounded bf16 in the upper half; a NaN keeps its
+// payload with the quiet bit set.
 template <class DF>
 HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> RoundBF16Hi(hn::Vec<DF> v, DF df) {
   const hn::RebindToUnsigned<DF> du;
   const auto bits = hn::BitCast(du, v);
-  const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
-  const auto rounded = hn::Add(bits, hn::Add(hn::Set(du, 0x7FFFu), lsb));
   const auto quiet_nan = hn::Or(bits, hn::Set(du, 0x00400000u));
-  return hn::IfThenElse(hn::RebindMask(du, hn::Ne(v, v)), quiet_nan, rounded);
+  return hn::IfThenElse(hn::RebindMask(du, hn::Ne(v, v)), quiet_nan, AddBF16RoundingBias(du, bits));
 }
 // RoundBF16Hi without its NaN select, for values whose NaNs all have zero low
 // 16 bits: then bits + 0x7FFF + lsb cannot carry out of the low half, and
@@ -130,9 +135,7 @@ HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> RoundBF16HiFromBF16Data(hn::Vec<DF>
 #if HWY_ARCH_X86
   (void)df;
   const hn::RebindToUnsigned<DF> du;
-  const auto bits = hn::BitCast(du, v);
-  const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
-  return hn::Add(bits, hn::Add(hn::Set(du, 0x7FFFu), lsb));
+  return AddBF16RoundingBias(du, hn::BitCast(du, v));
 #else
   return RoundBF16Hi(v, df);
 #endif

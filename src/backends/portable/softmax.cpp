@@ -378,8 +378,7 @@ HWY_INLINE void WriteRow(const float* HWY_RESTRICT s, size_t kept, size_t sk, fl
     const hn::RebindToUnsigned<decltype(df)> du;
     const auto round_finite = [&](auto v) HWY_ATTR {
       const auto b = hn::BitCast(du, v);
-      return hn::BitCast(du16,
-                         hn::Add(b, hn::Add(hn::Set(du, 0x7FFFu), hn::And(hn::ShiftRight<16>(b), hn::Set(du, 1u)))));
+      return hn::BitCast(du16, AddBF16RoundingBias(du, b));
     };
     for (; j + 2 * nf <= sk; j += 2 * nf) {
       const auto bits = finite ? hn::ConcatOdd(du16, round_finite(out(j + nf)), round_finite(out(j)))
