@@ -9,32 +9,62 @@
 
 namespace tefl::check {
 
+void Tensor::Allocate(size_t n) {
+  storage_.reset(static_cast<uint8_t*>(::operator new[](n, std::align_val_t(64))));
+  storage_size_ = n;
+}
+
 Tensor::Tensor(DType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(std::move(shape)) {
   numel_ = 1;
   for (int64_t d : shape_) numel_ *= d;
   const size_t elem = size_t(DLTypeOf(dtype).bits / 8);
-  storage_.assign(size_t(numel_) * elem + 2 * kGuard, 0xA5);
+  Allocate(size_t(numel_) * elem + 2 * kGuard);
+  std::memset(storage_.get(), 0xA5, storage_size_);
   Bind();
   std::memset(bytes(), 0, size_t(numel_) * elem);
 }
 
-Tensor::Tensor(const Tensor& other)
-    : dtype_(other.dtype_), shape_(other.shape_), numel_(other.numel_), storage_(other.storage_) {
+Tensor::Tensor(const Tensor& other) : dtype_(other.dtype_), shape_(other.shape_), numel_(other.numel_) {
+  if (other.storage_) {
+    Allocate(other.storage_size_);
+    std::memcpy(storage_.get(), other.storage_.get(), storage_size_);
+  }
   Bind();
 }
 
 Tensor& Tensor::operator=(const Tensor& other) {
-  dtype_ = other.dtype_;
-  shape_ = other.shape_;
-  numel_ = other.numel_;
-  storage_ = other.storage_;
+  if (this != &other) *this = Tensor(other);
+  return *this;
+}
+
+Tensor::Tensor(Tensor&& other) noexcept
+    : dtype_(other.dtype_),
+      shape_(std::move(other.shape_)),
+      numel_(other.numel_),
+      storage_(std::move(other.storage_)),
+      storage_size_(other.storage_size_) {
   Bind();
+  other.numel_ = 0;
+  other.storage_size_ = 0;
+  other.Bind();
+}
+
+Tensor& Tensor::operator=(Tensor&& other) noexcept {
+  dtype_ = other.dtype_;
+  shape_ = std::move(other.shape_);
+  numel_ = other.numel_;
+  storage_ = std::move(other.storage_);
+  storage_size_ = other.storage_size_;
+  Bind();
+  other.numel_ = 0;
+  other.storage_size_ = 0;
+  other.Bind();
   return *this;
 }
 
 void Tensor::Bind() {
   dl_ = DLTensor{};
-  dl_.data = storage_.data() + kGuard;
+  dl_.data = storage_ ? storage_.get() + kGuard : nullptr;
   dl_.device = {kDLCPU, 0};
   dl_.ndim = int(shape_.size());
   dl_.dtype = DLTypeOf(dtype_);
@@ -55,8 +85,9 @@ Tensor& Tensor::Fill(double v) {
 }
 
 bool Tensor::GuardsIntact() const {
+  if (!storage_) return true;
   for (size_t i = 0; i < kGuard; ++i) {
-    if (storage_[i] != 0xA5 || storage_[storage_.size() - 1 - i] != 0xA5) return false;
+    if (storage_[i] != 0xA5 || storage_[storage_size_ - 1 - i] != 0xA5) return false;
   }
   return true;
 }

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <new>
 #include <string>
 #include <vector>
@@ -18,26 +19,14 @@ namespace tefl::check {
 // 64-byte aligned storage: data starts a whole guard (64 bytes) in, so it is
 // aligned as a framework's tensors are (torch's CPU allocator aligns to 64)
 // and kernels take the paths they take there (streaming stores need it).
-template <class T>
-struct CacheLineAllocator {
-  using value_type = T;
-  CacheLineAllocator() = default;
-  template <class U>
-  CacheLineAllocator(const CacheLineAllocator<U>&) {}
-  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
-  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(64)); }
-  template <class U>
-  bool operator==(const CacheLineAllocator<U>&) const {
-    return true;
-  }
-};
-
 class Tensor {
  public:
   Tensor() = default;
   Tensor(DType dtype, std::vector<int64_t> shape);
   Tensor(const Tensor& other);
   Tensor& operator=(const Tensor& other);
+  Tensor(Tensor&& other) noexcept;
+  Tensor& operator=(Tensor&& other) noexcept;
 
   DLTensor& dl() { return dl_; }
   const DLTensor& dl() const { return dl_; }
@@ -47,7 +36,7 @@ class Tensor {
   const std::vector<int64_t>& shape() const { return shape_; }
   double at(int64_t i) const { return LoadAsFloat(bytes(), i, dtype_); }
   void set(int64_t i, double v) { StoreFromDouble(bytes(), i, dtype_, v); }
-  void* bytes() const { return const_cast<uint8_t*>(storage_.data()) + kGuard; }
+  void* bytes() const { return storage_ ? storage_.get() + kGuard : nullptr; }
   size_t nbytes() const { return size_t(numel_) * size_t(dl_.dtype.bits / 8); }
 
   // Uniform in [lo, hi) from a seed derived from `name` (deterministic).
@@ -60,11 +49,19 @@ class Tensor {
 
  private:
   static constexpr size_t kGuard = 64;
+  void Allocate(size_t n);  // storage_ of n bytes, 64-byte aligned, uninitialised
   void Bind();
   DType dtype_ = DType::kF32;
   std::vector<int64_t> shape_;
   int64_t numel_ = 0;
-  std::vector<uint8_t, CacheLineAllocator<uint8_t>> storage_;
+  // Copied with memcpy: a std::vector with an aligning allocator copies and
+  // destroys byte by byte (allocator_traits::construct), which unoptimised
+  // sanitizer builds run at a few ns per byte.
+  struct AlignedDelete {
+    void operator()(uint8_t* p) const { ::operator delete[](p, std::align_val_t(64)); }
+  };
+  std::unique_ptr<uint8_t[], AlignedDelete> storage_;
+  size_t storage_size_ = 0;
   DLTensor dl_{};
 };
 
