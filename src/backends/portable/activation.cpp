@@ -131,13 +131,6 @@ using V = hn::Vec<D>;
 // ---- exp(v) for v <= 0: ExpNonPositive<kDeg> in fast_exp-inl.h --------------
 
 // ---- Sigmoid -----------------------------------------------------------------
-// s = sigmoid(u) and 1 - s from e = exp(-|u|) in [0, 1]: with r = 1 / (1 + e)
-// and q = e r, s = r and 1 - s = q for u >= 0, swapped for u < 0. Neither
-// side cancels, exp never overflows, and the reciprocal of 1 + e in [1, 2] is
-// a hardware estimate refined by one Newton step (~1 ulp). u = +-inf gives
-// exactly 1 and 0; a NaN u gives NaN.
-// kFast: the estimate alone (AVX-512 rcp14: relative error < 2^-14; the
-// other targets' estimates are 2^-12 or better), for bf16 outputs.
 // 1 / v for v in [1, 2] with one Newton step from the estimate on every
 // target (relative error ~1e-7 below AVX-512): the bf16 derivatives, which
 // need no exact 1/1.
@@ -146,6 +139,13 @@ HWY_INLINE V RecipOneStep(D d, V v) {
   return hn::Mul(r0, hn::NegMulAdd(v, r0, hn::Set(d, 2.0f)));
 }
 
+// s = sigmoid(u) and 1 - s from e = exp(-|u|) in [0, 1]: with r = 1 / (1 + e)
+// and q = e r, s = r and 1 - s = q for u >= 0, swapped for u < 0. Neither
+// side cancels, exp never overflows, and the reciprocal of 1 + e in [1, 2] is
+// a hardware estimate refined by one Newton step (~1 ulp). u = +-inf gives
+// exactly 1 and 0; a NaN u gives NaN.
+// kFast: the estimate alone (AVX-512 rcp14: relative error < 2^-14; the
+// other targets' estimates are 2^-12 or better), for bf16 outputs.
 template <bool kFast = false>
 HWY_INLINE V Recip12(D d, V v) {  // 1 / v for v in [1, 2]
   if constexpr (kFast) return hn::ApproximateReciprocal(v);
