@@ -50,6 +50,7 @@ Tensor::Tensor(Tensor&& other) noexcept
 }
 
 Tensor& Tensor::operator=(Tensor&& other) noexcept {
+  if (this == &other) return *this;
   dtype_ = other.dtype_;
   shape_ = std::move(other.shape_);
   numel_ = other.numel_;
