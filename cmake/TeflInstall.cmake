@@ -12,8 +12,22 @@ set(TEFL_INSTALL_CMAKEDIR "${CMAKE_INSTALL_LIBDIR}/cmake/tefl" CACHE STRING
     "Where the tefl CMake package files are installed (relative to the prefix)")
 set(TEFL_INSTALL_PLUGINDIR "${CMAKE_INSTALL_LIBDIR}/tefl/plugins")
 
-# The plugin loader's built-in search directory.
-target_compile_definitions(tefl PRIVATE TEFL_INSTALL_PLUGIN_DIR="${CMAKE_INSTALL_FULL_LIBDIR}/tefl/plugins")
+# The plugin loader's built-in search directory, defined on the loader's one
+# source file only: a define on every source put the install prefix into every
+# compile command, and scikit-build-core installs into a fresh temporary
+# prefix per build, so each `pip install .` recompiled the whole library and
+# no object could be shared with another build (ccache).
+set(plugin_loader_source ${PROJECT_SOURCE_DIR}/src/core/plugin_loader.cpp)
+if(SKBUILD)
+  # The Python wheel installs libtefl into the package directory; its plugin
+  # directory is `plugins` next to the library, found at run time (the
+  # install prefix above is a temporary staging directory).
+  set_property(SOURCE ${plugin_loader_source} APPEND PROPERTY COMPILE_DEFINITIONS
+               TEFL_PLUGIN_DIR_BESIDE_LIBRARY="plugins")
+else()
+  set_property(SOURCE ${plugin_loader_source} APPEND PROPERTY COMPILE_DEFINITIONS
+               TEFL_INSTALL_PLUGIN_DIR="${CMAKE_INSTALL_FULL_LIBDIR}/tefl/plugins")
+endif()
 
 install(TARGETS tefl EXPORT teflTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT runtime NAMELINK_COMPONENT development

@@ -11,7 +11,7 @@ need() {  # need PACKAGE: queue it unless dpkg has it installed
 # dnnl-config.cmake finds OpenCL (library and headers) or fails, and the
 # oneDNN plugin's build goes through it (--no-install-recommends below).
 for p in g++ pkg-config libdlpack-dev libhwy-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev libdnnl-dev \
-  ocl-icd-opencl-dev libopenblas-dev libcli11-dev nlohmann-json3-dev python3 python3-pip python3-dev python3-matplotlib; do
+  ocl-icd-opencl-dev libopenblas-dev libcli11-dev ccache nlohmann-json3-dev python3 python3-pip python3-dev python3-matplotlib; do
   need "$p"
 done
 # A cmake (>= 3.25) or ninja already on PATH, e.g. from pip, serves as well as Debian's.

@@ -37,7 +37,9 @@ fi
 echo "== building and installing the tefl package (pip install .)"
 # No build isolation: the build tools are installed above, and the build tree
 # build/python-<tag> is reused between runs (incremental).
-pip_install --no-build-isolation .
+# Warnings are errors here, as in the release preset (whose compile commands
+# this build then matches: see scripts/test.sh on ccache).
+pip_install --no-build-isolation -Ccmake.define.TEFL_WERROR=ON .
 
 echo "== pytest python/tests"
 # From the repository root the installed package is the one imported (python/

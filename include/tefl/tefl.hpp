@@ -331,7 +331,9 @@ Status LoadPlugin(std::string_view name_or_path, OpRegistry& registry);
 void LoadConfiguredPlugins(OpRegistry& registry);
 // Every plugin this process tried, in order.
 std::vector<PluginReport> PluginReports();
-// Where installed plugins are discovered ("" if the build set none).
+// Where installed plugins are discovered: <libdir>/tefl/plugins of the
+// install prefix; for the Python package, `plugins` next to its libtefl
+// (tefl/plugins in site-packages). "" if the build set none.
 std::string InstalledPluginDir();
 
 // The process's default registry and manager (created on first use).

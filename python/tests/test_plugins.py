@@ -137,3 +137,15 @@ def test_explicit_discovery_into_a_registry(plugin_dir, monkeypatch):
     assert tefl.discover_from_entry_points(reg) == 0
     with pytest.raises(ValueError):  # loading twice: duplicate ids, rolled back, reported
         reg.register_impl(reg.get_implementations("rmsnorm_fwd")[0])
+
+
+def test_installed_plugin_dir_is_plugins_next_to_the_package_library():
+    # The wheel's libtefl sits in the package directory; its built-in plugin
+    # directory is found at run time next to it (not the build's staging prefix).
+    import os
+
+    from tefl import _core
+
+    pkg = os.path.dirname(os.path.realpath(tefl.__file__))
+    assert any(f.startswith("libtefl.so") for f in os.listdir(pkg))
+    assert os.path.realpath(_core.installed_plugin_dir()) == os.path.join(pkg, "plugins")

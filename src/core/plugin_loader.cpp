@@ -274,8 +274,22 @@ void LogReport(const PluginReport& r) {
 }  // namespace
 
 std::string InstalledPluginDir() {
-#ifdef TEFL_INSTALL_PLUGIN_DIR
+#if defined(TEFL_INSTALL_PLUGIN_DIR)
   return TEFL_INSTALL_PLUGIN_DIR;
+#elif defined(TEFL_PLUGIN_DIR_BESIDE_LIBRARY)
+  // The directory of the libtefl that holds this function (absolute).
+  static const char kAnchor = 0;
+  Dl_info info{};
+  if (::dladdr(&kAnchor, &info) == 0 || info.dli_fname == nullptr) return "";
+  const std::string lib = info.dli_fname;
+  const size_t slash = lib.rfind('/');
+  std::string dir = slash == std::string::npos ? "." : lib.substr(0, slash);
+  if (dir.empty() || dir.front() != '/') {
+    char buf[PATH_MAX];
+    if (::realpath(dir.c_str(), buf) == nullptr) return "";
+    dir = buf;
+  }
+  return dir + "/" TEFL_PLUGIN_DIR_BESIDE_LIBRARY;
 #else
   return "";
 #endif
