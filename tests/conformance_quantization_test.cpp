@@ -118,6 +118,19 @@ TEST(Fp8Vector, EveryBf16PatternQuantizesLikeTheScalarCode) {
   for (float scale : {1.0f, 0.0625f, 3.7f, -3.7f, 0.0f, INFINITY}) CheckQuantizeExact(x, scale, "all bf16");
 }
 
+// Without NaN patterns (a span with a NaN re-runs on the general path, and
+// every span of the call above has one), so every pattern goes through the
+// fast path's vector body (bf16 on AVX2: QuantizeBf16Avx2) and its tails.
+TEST(Fp8Vector, EveryNonNanBf16PatternQuantizesLikeTheScalarCodeOnTheFastPath) {
+  Tensor x(DType::kBF16, {65536 - 2 * 127});
+  auto* p = static_cast<uint16_t*>(x.bytes());
+  int64_t k = 0;
+  for (uint32_t i = 0; i < 65536; ++i)
+    if ((i & 0x7FFFu) <= 0x7F80u) p[k++] = uint16_t(i);
+  ASSERT_EQ(k, x.numel());
+  for (float scale : {1.0f, 0.0625f, 3.7f, 0x1p-100f, 0x1p100f}) CheckQuantizeExact(x, scale, "non-NaN bf16");
+}
+
 TEST(Fp8Vector, EveryFp16PatternQuantizesLikeTheScalarCode) {
   const Tensor x = AllPatterns(DType::kF16);
   for (float scale : {1.0f, 300.0f}) CheckQuantizeExact(x, scale, "all fp16");
