@@ -118,17 +118,29 @@ TEST(Fp8Vector, EveryBf16PatternQuantizesLikeTheScalarCode) {
   for (float scale : {1.0f, 0.0625f, 3.7f, -3.7f, 0.0f, INFINITY}) CheckQuantizeExact(x, scale, "all bf16");
 }
 
-// Without NaN patterns (a span with a NaN re-runs on the general path, and
-// every span of the call above has one), so every pattern goes through the
-// fast path's vector body (bf16 on AVX2: QuantizeBf16Avx2) and its tails.
-TEST(Fp8Vector, EveryNonNanBf16PatternQuantizesLikeTheScalarCodeOnTheFastPath) {
-  Tensor x(DType::kBF16, {65536 - 2 * 127});
-  auto* p = static_cast<uint16_t*>(x.bytes());
-  int64_t k = 0;
+// Every 16-bit pattern but the NaNs (a span with a NaN re-runs on the general
+// path, and every span of the calls above and below has one), so every
+// pattern goes through the fast path's vector body (16-bit input on AVX2:
+// Quantize16Avx2) and its tails.
+Tensor NonNanPatterns(DType t, uint32_t inf_bits) {
+  std::vector<uint16_t> v;
   for (uint32_t i = 0; i < 65536; ++i)
-    if ((i & 0x7FFFu) <= 0x7F80u) p[k++] = uint16_t(i);
-  ASSERT_EQ(k, x.numel());
+    if ((i & 0x7FFFu) <= inf_bits) v.push_back(uint16_t(i));
+  Tensor x(t, {int64_t(v.size())});
+  std::memcpy(x.bytes(), v.data(), v.size() * 2);
+  return x;
+}
+
+TEST(Fp8Vector, EveryNonNanBf16PatternQuantizesLikeTheScalarCodeOnTheFastPath) {
+  const Tensor x = NonNanPatterns(DType::kBF16, 0x7F80u);
+  ASSERT_EQ(x.numel(), 65536 - 2 * 127);
   for (float scale : {1.0f, 0.0625f, 3.7f, 0x1p-100f, 0x1p100f}) CheckQuantizeExact(x, scale, "non-NaN bf16");
+}
+
+TEST(Fp8Vector, EveryNonNanFp16PatternQuantizesLikeTheScalarCodeOnTheFastPath) {
+  const Tensor x = NonNanPatterns(DType::kF16, 0x7C00u);
+  ASSERT_EQ(x.numel(), 65536 - 2 * 1023);
+  for (float scale : {1.0f, 300.0f, 0.0625f, 3.7f}) CheckQuantizeExact(x, scale, "non-NaN fp16");
 }
 
 TEST(Fp8Vector, EveryFp16PatternQuantizesLikeTheScalarCode) {

@@ -338,32 +338,60 @@ HWY_INLINE uint32_t QuantizeSpanGeneral(const T* HWY_RESTRICT x, uint8_t* HWY_RE
 }
 
 #if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
-// QuantizeSpanFast's body for bf16 input on AVX2, 32 elements (64 bytes in,
-// one 32-byte code store) per step; returns the elements done and folds
-// max |bits(x)| into amax_bits. The generic body keeps four fp32 vectors and
-// their raw bits live for the sign and the amax and spills (86 instructions
-// per step, 21 of them stack moves). Here the amax runs on the raw bf16
-// |bits| (16-bit lanes sort like the values; NaN above inf), the fp32 |x|
-// come from interleaving those with zero (per 128-bit block: elements 0-3,
-// then 4-7), two vpackusdw put each block's codes back in order, the sign
-// bytes take the same per-block route through vpackuswb as the codes, and
-// one vpermq orders both (57 instructions, no spills). Same codes as the
-// generic body: EncodeMagnitude of min(|x| scale, max), the sign of x.
-template <Fp8Format kF, bool kStream>
-HWY_INLINE size_t QuantizeBf16Avx2(const bfloat16_t* HWY_RESTRICT x, uint8_t* HWY_RESTRICT q, size_t n, float scale,
-                                   uint32_t& amax_bits) {
+// QuantizeSpanFast's body for 16-bit input (bf16; fp16 with F16C) on AVX2,
+// 32 elements (64 bytes in, one 32-byte code store) per step; returns the
+// elements done and folds max |bits(x)| into amax_bits. The generic body
+// keeps four fp32 vectors and their raw bits live for the sign and the amax
+// and spills (bf16: 86 instructions per step, 21 of them stack moves). Here
+// the amax runs on the raw 16-bit |bits| (they sort like the values, NaN
+// above inf, in both formats), Widen16 gives the fp32 |x| of each block's
+// elements 0-3 and 4-7, two vpackusdw put each block's codes back in order,
+// the sign bytes take the same per-block route through vpackuswb as the
+// codes, and one vpermq orders both (bf16: 57 instructions, no spills). Same
+// codes as the generic body: EncodeMagnitude of min(|x| scale, max), the
+// sign of x.
+//
+// |x| (16-bit lanes, 16 elements) -> fp32 bits w0 = elements (0-3 | 8-11),
+// w1 = (4-7 | 12-15), per 128-bit block; exact.
+HWY_INLINE void Widen16(const bfloat16_t*, __m256i a, __m256i& w0, __m256i& w1) {
+  w0 = _mm256_unpacklo_epi16(_mm256_setzero_si256(), a);  // bits << 16
+  w1 = _mm256_unpackhi_epi16(_mm256_setzero_si256(), a);
+}
+#if TEFL_NATIVE_F16
+HWY_INLINE void Widen16(const float16_t*, __m256i a, __m256i& w0, __m256i& w1) {
+  const __m256i p = _mm256_permute4x64_epi64(a, 0xD8);  // (0-3, 8-11 | 4-7, 12-15)
+  w0 = _mm256_castps_si256(_mm256_cvtph_ps(_mm256_castsi256_si128(p)));
+  w1 = _mm256_castps_si256(_mm256_cvtph_ps(_mm256_extracti128_si256(p, 1)));
+}
+#endif
+// The fp32 bits of a 16-bit |bits| maximum.
+HWY_INLINE uint32_t Abs16ToF32Bits(const bfloat16_t*, uint32_t m) { return m << 16; }
+#if TEFL_NATIVE_F16
+HWY_INLINE uint32_t Abs16ToF32Bits(const float16_t*, uint32_t m) {
+  return uint32_t(_mm_cvtsi128_si32(_mm_castps_si128(_mm_cvtph_ps(_mm_cvtsi32_si128(int(m))))));  // NaN stays NaN
+}
+#endif
+template <Fp8Format kF, bool kStream, class T>
+HWY_INLINE size_t Quantize16Avx2(const T* HWY_RESTRICT x, uint8_t* HWY_RESTRICT q, size_t n, float scale,
+                                 uint32_t& amax_bits) {
   using C = Fp8C<kF>;
   const hn::Full256<float> df;
   using VF = hn::Vec<decltype(df)>;
   const VF vs = hn::Set(df, scale), vmax = hn::Set(df, C::kMaxValue);
-  const __m256i zero = _mm256_setzero_si256(), abs16 = _mm256_set1_epi16(0x7FFF);
+  const __m256i abs16 = _mm256_set1_epi16(0x7FFF);
   const __m256i mag7 = _mm256_set1_epi32(0x7F), sign8 = _mm256_set1_epi16(0x80);
   // |x| as fp32 bits -> the magnitude code, clean (0..127).
   const auto code = [&](__m256i ab) HWY_ATTR {
     const VF af = hn::Min(hn::Mul(VF{_mm256_castsi256_ps(ab)}, vs), vmax);
     return _mm256_and_si256(EncodeMagnitude<kF>(df, af).raw, mag7);
   };
-  __m256i m0 = zero, m1 = zero;
+  // Codes of 16 elements as 16-bit lanes, in order.
+  const auto codes16 = [&](__m256i a) HWY_ATTR {
+    __m256i w0, w1;
+    Widen16(x, a, w0, w1);
+    return _mm256_packus_epi32(code(w0), code(w1));
+  };
+  __m256i m0 = _mm256_setzero_si256(), m1 = _mm256_setzero_si256();
   size_t i = 0;
   for (; i + 32 <= n; i += 32) {
     const __m256i r0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i));
@@ -371,11 +399,7 @@ HWY_INLINE size_t QuantizeBf16Avx2(const bfloat16_t* HWY_RESTRICT x, uint8_t* HW
     const __m256i a0 = _mm256_and_si256(r0, abs16), a1 = _mm256_and_si256(r1, abs16);
     m0 = _mm256_max_epu16(m0, a0);
     m1 = _mm256_max_epu16(m1, a1);
-    // Codes of elements 0-15 and 16-31 as 16-bit lanes, in order.
-    const __m256i c01 =
-        _mm256_packus_epi32(code(_mm256_unpacklo_epi16(zero, a0)), code(_mm256_unpackhi_epi16(zero, a0)));
-    const __m256i c23 =
-        _mm256_packus_epi32(code(_mm256_unpacklo_epi16(zero, a1)), code(_mm256_unpackhi_epi16(zero, a1)));
+    const __m256i c01 = codes16(a0), c23 = codes16(a1);
     const __m256i s0 = _mm256_and_si256(_mm256_srli_epi16(r0, 8), sign8);
     const __m256i s1 = _mm256_and_si256(_mm256_srli_epi16(r1, 8), sign8);
     // Both packs leave qwords (0-7, 16-23, 8-15, 24-31).
@@ -388,8 +412,8 @@ HWY_INLINE size_t QuantizeBf16Avx2(const bfloat16_t* HWY_RESTRICT x, uint8_t* HW
     }
   }
   const hn::Full256<uint16_t> d16;
-  const uint32_t m =
-      uint32_t(hn::GetLane(hn::MaxOfLanes(d16, hn::Max(hn::Vec<decltype(d16)>{m0}, hn::Vec<decltype(d16)>{m1})))) << 16;
+  using V16 = hn::Vec<decltype(d16)>;
+  const uint32_t m = Abs16ToF32Bits(x, hn::GetLane(hn::MaxOfLanes(d16, hn::Max(V16{m0}, V16{m1}))));
   amax_bits = m > amax_bits ? m : amax_bits;
   return i;
 }
@@ -414,7 +438,8 @@ HWY_INLINE uint32_t QuantizeSpanFast(const T* HWY_RESTRICT x, uint8_t* HWY_RESTR
   const auto kAbs = hn::Set(du, 0x7FFFFFFFu);
   size_t i = 0;
 #if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
-  if constexpr (std::is_same_v<T, bfloat16_t>) i = QuantizeBf16Avx2<kF, kStream>(x, q, n, scale, amax_bits);
+  if constexpr (std::is_same_v<T, bfloat16_t> || (TEFL_NATIVE_F16 && std::is_same_v<T, float16_t>))
+    i = Quantize16Avx2<kF, kStream>(x, q, n, scale, amax_bits);
 #endif
   auto m0 = hn::Set(du, amax_bits), m1 = hn::Zero(du);
   const auto code = [&](hn::Vec<decltype(du)> bits, hn::Vec<decltype(du)> ab) {
