@@ -239,8 +239,11 @@ TEST(Fp8Vector, Every256CodeTimesScaleInvIsBitExact) {
   for (DType fmt : kFormats) {
     Tensor q(fmt, {256 * 3});
     for (int i = 0; i < 256 * 3; ++i) static_cast<uint8_t*>(q.bytes())[i] = uint8_t(i % 256);
+    // 3.0e-5, -1000.7, +-2^100, -2^-100: inside the range of the AVX2 bf16
+    // table path (|scale_inv| in [2^-100, 2^100]), with roundings that carry.
     for (float sinv : {1.0f, 0.37f, -3.0f, 0x1p7f, 0x1p-100f, 0x1p8f, 0x1p119f, 0x1p120f, 0x1p-120f, 0.0f, INFINITY,
-                       std::numeric_limits<float>::quiet_NaN()}) {
+                       std::numeric_limits<float>::quiet_NaN(), 3.0e-5f, -1000.7f, 0x1p100f, -0x1p100f, -0x1p-100f,
+                       0x1.fffffep-1f, 0x1.0000fep0f}) {
       for (DType xt : kFloats) {
         for (const std::string& impl : Impls("dequantize")) {
           SCOPED_TRACE(fmt::format("{} {} -> {} scale_inv {}", impl, Name(fmt), Name(xt), sinv));
