@@ -21,22 +21,9 @@ import time
 
 import torch
 import torch.nn.functional as F
+from tefl_ctypes import bind, dl, load
 
 B, H = 2, 16
-
-
-class DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-
-
-class DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32), ("dtype", DLDataType),
-                ("shape", ctypes.POINTER(ctypes.c_int64)), ("strides", ctypes.POINTER(ctypes.c_int64)),
-                ("byte_offset", ctypes.c_uint64)]
 
 
 class Attrs(ctypes.Structure):  # tefl_attention_attrs
@@ -44,16 +31,6 @@ class Attrs(ctypes.Structure):  # tefl_attention_attrs
                 ("window_left", ctypes.c_int32), ("window_right", ctypes.c_int32), ("softmax_type", ctypes.c_int32),
                 ("scale", ctypes.c_float), ("dropout", ctypes.c_float), ("is_training", ctypes.c_int32),
                 ("seed", ctypes.c_uint64), ("offset", ctypes.c_uint64)]
-
-
-def dl(t, keep):
-    assert t.is_contiguous()
-    shape = (ctypes.c_int64 * t.dim())(*t.shape)
-    keep.append(shape)
-    code, bits = {torch.float32: (2, 32), torch.bfloat16: (4, 16)}[t.dtype]
-    d = DLTensor(ctypes.c_void_p(t.data_ptr()), DLDevice(1, 0), t.dim(), DLDataType(code, bits, 1), shape, None, 0)
-    keep.append(d)
-    return ctypes.pointer(d)
 
 
 def main():
@@ -66,10 +43,7 @@ def main():
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(2)
-    lib = ctypes.CDLL(args.lib)
-    lib.tefl_call.restype = ctypes.c_void_p
-    lib.tefl_status_message.restype = ctypes.c_char_p
-    lib.tefl_status_message.argtypes = [ctypes.c_void_p]
+    lib = load(args.lib)
     fwd_id, bwd_id = lib.tefl_op_id(b"fused_attn_fwd"), lib.tefl_op_id(b"fused_attn_bwd")
     rows = []
     for case in args.cases.split(","):
@@ -83,17 +57,11 @@ def main():
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         keep = []
         attrs = Attrs(ctypes.sizeof(Attrs), 1, 2 if causal else 0, -1, -1, 0, 0.0, 0.0, 0, 0, 0)
-        P = ctypes.POINTER(DLTensor)
-        fin = (P * 6)(dl(q, keep), dl(k, keep), dl(v, keep), None, None, None)
-        fout = (P * 2)(dl(o, keep), dl(stats, keep))
-        bin_ = (P * 9)(dl(q, keep), dl(k, keep), dl(v, keep), dl(o, keep), dl(do, keep), dl(stats, keep), None, None,
-                       None)
-        bout = (P * 4)(dl(dq, keep), dl(dk, keep), dl(dv, keep), None)
-
-        def call(op, ins, n_in, outs, n_out):
-            st = lib.tefl_call(op, ins, n_in, outs, n_out, ctypes.byref(attrs), None)
-            if st:
-                raise RuntimeError(lib.tefl_status_message(st).decode())
+        tefl_fwd = bind(lib, fwd_id, [dl(q, keep), dl(k, keep), dl(v, keep), None, None, None],
+                        [dl(o, keep), dl(stats, keep)], attrs)
+        tefl_bwd = bind(lib, bwd_id, [dl(q, keep), dl(k, keep), dl(v, keep), dl(o, keep), dl(do, keep),
+                                      dl(stats, keep), None, None, None],
+                        [dl(dq, keep), dl(dk, keep), dl(dv, keep), None], attrs)
 
         tq, tk, tv, tdo = (t.transpose(1, 2).contiguous() for t in (q, k, v, do))
         qg, kg, vg = (t.clone().requires_grad_(True) for t in (tq, tk, tv))
@@ -104,8 +72,8 @@ def main():
             return (time.perf_counter() - t0) * 1e3
 
         fns = {
-            "tefl_fwd": lambda: call(fwd_id, fin, 6, fout, 2),
-            "tefl_bwd": lambda: call(bwd_id, bin_, 9, bout, 4),
+            "tefl_fwd": tefl_fwd,
+            "tefl_bwd": tefl_bwd,
             "torch_fwd": lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal),
             "torch_fwd_grad": lambda: F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal),
             "torch_fwd_bwd": lambda: torch.autograd.grad(

@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Paired timing of tefl's generic_gemm (through the C ABI, ctypes, default
+policy) and torch.matmul (torch 2.13 CPU) in ONE process, so that both see
+the same machine: the machine is shared, its speed drifts over seconds, and
+timing the two in separate processes minutes apart decided the 512^3 case
+by that drift.
+
+Each pair times one chunk of each side, back to back, in ABBA order (the
+side that goes first alternates). A chunk: sleep --gap seconds (so the
+other library's worker threads stop spinning: OpenBLAS's and OpenMP's spin
+before they sleep, and would otherwise take a core from the side being
+timed), three untimed calls, then calls for --chunk seconds; its figure is
+the mean ms per call. Per case: both medians, and the median, quartiles and
+range of the per-pair ratio torch ms / tefl ms (> 1: tefl faster).
+
+Both sides compute D = A @ B, row-major A [M, K], B [K, N], D preallocated
+and written every call; torch.set_num_threads(--threads), tefl's pool as
+TEFL_NUM_THREADS says (default: every hardware thread).
+
+Usage: python3 bench/gemm_paired.py [--lib build/release/libtefl.so]
+       [--cases fp32/512x512x512,...] [--pairs 20] [--chunk 0.3] [--gap 0.2]
+       [--threads 2] [--json]
+"""
+import argparse
+import ctypes
+import json
+import statistics
+import time
+
+import torch
+from tefl_ctypes import bind, dl, load
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+class GemmAttrs(ctypes.Structure):  # tefl_gemm_attrs (include/tefl/ops.h)
+    _fields_ = [("struct_size", ctypes.c_size_t), ("transa", ctypes.c_int32), ("transb", ctypes.c_int32),
+                ("alpha", ctypes.c_float), ("beta", ctypes.c_float), ("accumulate", ctypes.c_int32),
+                ("gelu", ctypes.c_int32), ("grad", ctypes.c_int32), ("use_split_accumulator", ctypes.c_int32)]
+
+
+def chunk_ms(fn, seconds, gap):
+    time.sleep(gap)
+    for _ in range(3):
+        fn()
+    n, start = 0, time.perf_counter()
+    while True:
+        fn()
+        n += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds and n >= 3:
+            return 1e3 * elapsed / n
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lib", default="build/release/libtefl.so")
+    ap.add_argument("--cases", default="fp32/512x512x512,fp32/2048x2048x2048,fp32/4096x4096x1024,bf16/512x512x512")
+    ap.add_argument("--pairs", type=int, default=20)
+    ap.add_argument("--chunk", type=float, default=0.3, help="seconds of calls per chunk")
+    ap.add_argument("--gap", type=float, default=0.2, help="seconds of sleep before each chunk")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    lib = load(args.lib)
+    gemm_id = lib.tefl_op_id(b"generic_gemm")
+    attrs = GemmAttrs(ctypes.sizeof(GemmAttrs), 0, 0, 1.0, 1.0, 0, 0, 0, 0)
+    rows = []
+    for case in args.cases.split(","):
+        dname, mnk = case.split("/")
+        m, n, k = (int(v) for v in mnk.split("x"))
+        dt = DTYPES[dname]
+        g = torch.Generator().manual_seed(0)
+        a = (torch.rand(m, k, generator=g) - 0.5).to(dt)
+        b = (torch.rand(k, n, generator=g) - 0.5).to(dt)
+        d_tefl, d_torch = torch.empty(m, n, dtype=dt), torch.empty(m, n, dtype=dt)
+        keep = []
+        # in: A B C bias a_scale_inv b_scale_inv d_scale; out: D pre_gelu_out bias_grad d_amax
+        tefl = bind(lib, gemm_id, [dl(a, keep), dl(b, keep), None, None, None, None, None],
+                    [dl(d_tefl, keep), None, None, None], attrs)
+
+        def torch_mm(a=a, b=b, d=d_torch):
+            torch.matmul(a, b, out=d)
+
+        tefl()
+        torch_mm()
+        err = (d_tefl.float() - d_torch.float()).abs().max().item()
+        scale = d_torch.float().abs().max().item()
+        if not err <= 1e-2 * max(scale, 1.0):  # the two must compute the same product
+            raise SystemExit(f"{case}: tefl and torch differ by {err} (|D| max {scale})")
+        t_ms, p_ms, ratios = [], [], []
+        for i in range(args.pairs):
+            if i % 2 == 0:
+                t = chunk_ms(tefl, args.chunk, args.gap)
+                p = chunk_ms(torch_mm, args.chunk, args.gap)
+            else:
+                p = chunk_ms(torch_mm, args.chunk, args.gap)
+                t = chunk_ms(tefl, args.chunk, args.gap)
+            t_ms.append(t)
+            p_ms.append(p)
+            ratios.append(p / t)
+        q = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else [ratios[0]] * 3
+        row = {"case": case, "pairs": args.pairs, "tefl_ms": statistics.median(t_ms),
+               "torch_ms": statistics.median(p_ms), "ratio_median": statistics.median(ratios),
+               "ratio_q1": q[0], "ratio_q3": q[2], "ratio_min": min(ratios), "ratio_max": max(ratios),
+               "gflops_tefl": 2e-6 * m * n * k / statistics.median(t_ms)}
+        rows.append(row)
+        if not args.json:
+            print(f"{case:22s} tefl {row['tefl_ms']:9.3f} ms ({row['gflops_tefl']:6.1f} GFLOP/s)  torch "
+                  f"{row['torch_ms']:9.3f} ms  torch/tefl median {row['ratio_median']:.3f} "
+                  f"(quartiles {q[0]:.3f}-{q[2]:.3f}, range {min(ratios):.3f}-{max(ratios):.3f}, "
+                  f"{args.pairs} pairs)", flush=True)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
