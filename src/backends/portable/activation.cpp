@@ -51,6 +51,7 @@
 #include "backends/backends.h"
 #include "backends/kernel_support.h"
 #include "backends/portable/act_pieces.h"
+#include "backends/portable/cpu_paths.h"
 #include "core/dtype.h"
 #include "core/fp8.h"
 #include "tefl/ops.h"
@@ -1016,6 +1017,17 @@ tefl_status* Kernel(const tefl_call_frame* f, void*) {
     const int64_t span_bytes = kGated || kKind == Kind::kDbias ? j.h * esz : kBlock * esz;
     j.stream =
         j.fast && out_bytes >= kStreamMinBytes && span_bytes % 64 == 0 && reinterpret_cast<uintptr_t>(j.y) % 64 == 0;
+    // Gated backward writes two streams, da and db, h elements apart. With
+    // h * size a multiple of 4 KiB (every gated MLP's power-of-two hidden
+    // size) and a transcendental activation, streamed stores made the AVX2
+    // loop 1.4-1.7x slower on Zen 3 than regular stores at [8192, 4096]
+    // (bf16 dgeglu 47 -> 30 ms; [8192, 4000], not aliased, streams well:
+    // docs/perf-activation.md). The memory-bound relu/srelu loops keep
+    // streaming (10-20 % faster with it), and so do the AVX-512 kernels,
+    // where this was not measured.
+    if (kKind == Kind::kGatedBwd && kAct != Act::kRelu && kAct != Act::kSrelu && span_bytes % 4096 == 0 &&
+        !CpuHasAvx512Bmi2())
+      j.stream = false;
 
     if (kKind == Kind::kDbias) {
       const size_t h = size_t(j.h);
