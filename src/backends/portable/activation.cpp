@@ -1020,8 +1020,8 @@ tefl_status* Kernel(const tefl_call_frame* f, void*) {
     // Gated backward writes two streams, da and db, h elements apart. With
     // h * size a multiple of 4 KiB (every gated MLP's power-of-two hidden
     // size) and a transcendental activation, streamed stores made the AVX2
-    // loop 1.4-1.7x slower on Zen 3 than regular stores at [8192, 4096]
-    // (bf16 dgeglu 47 -> 30 ms; [8192, 4000], not aliased, streams well:
+    // loop up to 1.9x slower on Zen 3 than regular stores at [8192, 4096]
+    // (bf16 dgeglu 60 -> 32 ms; [8192, 4000], not aliased, streams well:
     // docs/perf-activation.md). The memory-bound relu/srelu loops keep
     // streaming (10-20 % faster with it), and so do the AVX-512 kernels,
     // where this was not measured.
