@@ -14,8 +14,9 @@ the mean ms per call. Per case: both medians, and the median, quartiles and
 range of the per-pair ratio torch ms / tefl ms (> 1: tefl faster).
 
 Both sides compute D = A @ B, row-major A [M, K], B [K, N], D preallocated
-and written every call; torch.set_num_threads(--threads), tefl's pool as
-TEFL_NUM_THREADS says (default: every hardware thread).
+and written every call; torch.set_num_threads(--threads), and tefl's pool
+the same (TEFL_NUM_THREADS is set to --threads unless it is already set;
+a different value is reported, since the comparison is then unequal).
 
 Usage: python3 bench/gemm_paired.py [--lib build/release/libtefl.so]
        [--cases fp32/512x512x512,...] [--pairs 20] [--chunk 0.3] [--gap 0.2]
@@ -24,7 +25,9 @@ Usage: python3 bench/gemm_paired.py [--lib build/release/libtefl.so]
 import argparse
 import ctypes
 import json
+import os
 import statistics
+import sys
 import time
 
 import torch
@@ -62,7 +65,12 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.pairs < 1 or args.threads < 1 or args.chunk <= 0 or args.gap < 0:
+        ap.error("--pairs and --threads must be >= 1, --chunk > 0 and --gap >= 0")
     torch.set_num_threads(args.threads)
+    tefl_threads = os.environ.setdefault("TEFL_NUM_THREADS", str(args.threads))  # read when the pool starts
+    if tefl_threads != str(args.threads):
+        print(f"note: TEFL_NUM_THREADS={tefl_threads} but torch runs {args.threads} threads", file=sys.stderr)
     lib = load(args.lib)
     gemm_id = lib.tefl_op_id(b"generic_gemm")
     attrs = GemmAttrs(ctypes.sizeof(GemmAttrs), 0, 0, 1.0, 1.0, 0, 0, 0, 0)
@@ -100,7 +108,7 @@ def main():
             t_ms.append(t)
             p_ms.append(p)
             ratios.append(p / t)
-        q = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else [ratios[0]] * 3
+        q = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else ratios * 3
         row = {"case": case, "pairs": args.pairs, "tefl_ms": statistics.median(t_ms),
                "torch_ms": statistics.median(p_ms), "ratio_median": statistics.median(ratios),
                "ratio_q1": q[0], "ratio_q3": q[2], "ratio_min": min(ratios), "ratio_max": max(ratios),
