@@ -33,6 +33,18 @@ class Attrs(ctypes.Structure):  # tefl_attention_attrs
                 ("seed", ctypes.c_uint64), ("offset", ctypes.c_uint64)]
 
 
+def parse_case(ap, case):
+    """'fp32/s2048/d64/causal' -> (case, torch dtype, s, d, causal); a malformed case is an argument error."""
+    parts = case.split("/")
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    ok = (len(parts) == 4 and parts[0] in dtypes and parts[1][:1] == "s" and parts[1][1:].isdigit()
+          and parts[2][:1] == "d" and parts[2][1:].isdigit() and parts[3] in ("full", "causal"))
+    if not ok or int(parts[1][1:]) < 1 or int(parts[2][1:]) < 1:
+        ap.error(f"--cases: '{case}' is not DTYPE/sS/dD/MASK with DTYPE fp32 or bf16, S and D positive integers "
+                 "and MASK full or causal (e.g. bf16/s2048/d64/causal)")
+    return case, dtypes[parts[0]], int(parts[1][1:]), int(parts[2][1:]), parts[3] == "causal"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", default="build/release/libtefl.so")
@@ -42,14 +54,14 @@ def main():
                     "bf16/s2048/d128/causal")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error("--rounds must be >= 1")
+    cases = [parse_case(ap, c) for c in args.cases.split(",")]
     torch.set_num_threads(2)
     lib = load(args.lib)
     fwd_id, bwd_id = lib.tefl_op_id(b"fused_attn_fwd"), lib.tefl_op_id(b"fused_attn_bwd")
     rows = []
-    for case in args.cases.split(","):
-        dname, s, d, mask = case.split("/")
-        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dname]
-        s, d, causal = int(s[1:]), int(d[1:]), mask == "causal"
+    for case, dtype, s, d, causal in cases:
         g = torch.Generator().manual_seed(0)
         q, k, v, do = (torch.rand(B, s, H, d, generator=g).mul_(2).sub_(1).to(dtype) for _ in range(4))
         o = torch.empty_like(q)

@@ -55,6 +55,16 @@ def chunk_ms(fn, seconds, gap):
             return 1e3 * elapsed / n
 
 
+def parse_case(ap, case):
+    """'fp32/512x512x512' -> (case, torch dtype, (M, N, K)); a malformed case is an argument error."""
+    dname, _, mnk = case.partition("/")
+    dims = mnk.split("x")
+    if dname not in DTYPES or len(dims) != 3 or not all(v.isdigit() and int(v) > 0 for v in dims):
+        ap.error(f"--cases: '{case}' is not DTYPE/MxNxK with DTYPE one of {', '.join(DTYPES)} and M, N, K "
+                 "positive integers (e.g. fp32/512x512x512)")
+    return case, DTYPES[dname], tuple(int(v) for v in dims)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lib", default="build/release/libtefl.so")
@@ -67,6 +77,7 @@ def main():
     args = ap.parse_args()
     if args.pairs < 1 or args.threads < 1 or args.chunk <= 0 or args.gap < 0:
         ap.error("--pairs and --threads must be >= 1, --chunk > 0 and --gap >= 0")
+    cases = [parse_case(ap, c) for c in args.cases.split(",")]
     torch.set_num_threads(args.threads)
     tefl_threads = os.environ.setdefault("TEFL_NUM_THREADS", str(args.threads))  # read when the pool starts
     if tefl_threads != str(args.threads):
@@ -75,10 +86,7 @@ def main():
     gemm_id = lib.tefl_op_id(b"generic_gemm")
     attrs = GemmAttrs(ctypes.sizeof(GemmAttrs), 0, 0, 1.0, 1.0, 0, 0, 0, 0)
     rows = []
-    for case in args.cases.split(","):
-        dname, mnk = case.split("/")
-        m, n, k = (int(v) for v in mnk.split("x"))
-        dt = DTYPES[dname]
+    for case, dt, (m, n, k) in cases:
         g = torch.Generator().manual_seed(0)
         a = (torch.rand(m, k, generator=g) - 0.5).to(dt)
         b = (torch.rand(k, n, generator=g) - 0.5).to(dt)
