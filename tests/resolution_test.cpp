@@ -279,6 +279,29 @@ TEST_F(ResolutionTest, ErrorDemotesOnlyThatSignature) {
     }
 }
 
+TEST_F(ResolutionTest, StrictModeIgnoresAnEarlierDemotion) {
+  F("vendor.zeta").runtime_code = TEFL_RUNTIME_ERROR;
+  SetGlobalPolicy(SelectionPolicy().WithPrefer("vendor"));
+  ASSERT_TRUE(CallRms(DType::kF32).ok());  // zeta fails and is demoted, acme serves
+  ASSERT_EQ(F("vendor.acme").calls, 1);
+  // Strict mode: zeta is still the policy's first candidate; it runs and its
+  // failure is the call's error, with no fallback to acme.
+  SetGlobalPolicy(SelectionPolicy().WithPrefer("vendor").WithStrict(true));
+  Resolution r = ExplainRms(DType::kF32);
+  ASSERT_EQ(r.chain.size(), 1u);
+  EXPECT_EQ(r.chain[0], "vendor.zeta");
+  Status s = CallRms(DType::kF32);
+  EXPECT_EQ(s.code(), TEFL_RUNTIME_ERROR);
+  EXPECT_NE(s.message().find("strict mode (TE_FL_STRICT=1): 'vendor.zeta'"), std::string::npos) << s.message();
+  EXPECT_EQ(F("vendor.zeta").calls, 2);
+  EXPECT_EQ(F("vendor.acme").calls, 1);
+  // Back to non-strict: the demotion still holds (acme first, zeta not run).
+  SetGlobalPolicy(SelectionPolicy().WithPrefer("vendor"));
+  ASSERT_TRUE(CallRms(DType::kF32).ok());
+  EXPECT_EQ(F("vendor.zeta").calls, 2);
+  EXPECT_EQ(F("vendor.acme").calls, 2);
+}
+
 TEST_F(ResolutionTest, StrictModeFailsNamingTheFirstCandidate) {
   F("vendor.zeta").runtime_code = TEFL_RUNTIME_ERROR;
   SetGlobalPolicy(SelectionPolicy().WithPrefer("vendor").WithStrict(true));

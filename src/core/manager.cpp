@@ -245,8 +245,12 @@ ResolvedCandidates OpManager::Rep::ResolveCandidates(const OpSchema& op, const t
     if (a.rec->impl.priority != b.rec->impl.priority) return a.rec->impl.priority > b.rec->impl.priority;
     return a.rec->impl.impl_id < b.rec->impl.impl_id;
   });
+  const bool strict = policy.policy.strict();
   // A demoted implementation goes last (in demotion order) for this signature.
-  if (!demoted_here.empty()) {
+  // Not in strict mode: strict means "the policy's first candidate, or an
+  // error", and a demotion recorded by an earlier non-strict call must not
+  // turn it into a silent fallback.
+  if (!demoted_here.empty() && !strict) {
     std::vector<Ranked> reordered;
     for (const Ranked& r : ranked)
       if (std::find(demoted_here.begin(), demoted_here.end(), r.rec) == demoted_here.end()) reordered.push_back(r);
@@ -255,7 +259,6 @@ ResolvedCandidates OpManager::Rep::ResolveCandidates(const OpSchema& op, const t
         if (r.rec == d) reordered.push_back(r);
     ranked = std::move(reordered);
   }
-  const bool strict = policy.policy.strict();
   for (const Ranked& r : ranked) {
     CandidateReport& rep = out.reports[r.report];
     rep.demoted = std::find(demoted_here.begin(), demoted_here.end(), r.rec) != demoted_here.end();
