@@ -158,6 +158,10 @@ class OpCall {
     shapes_.push_back(std::move(strides));
     D(name).strides = shapes_.back().data();
   }
+  void SetStrides(size_t i, std::vector<int64_t> strides) {
+    shapes_.push_back(std::move(strides));
+    D(i).strides = shapes_.back().data();
+  }
   // The DLTensor passed for argument i (NULL allowed).
   void SetArg(size_t i, DLTensor* t) {
     if (is_output(i)) {
@@ -910,6 +914,27 @@ TEST_F(Validation, EmptyRowsAreValid) {
         }
       }
     }
+  }
+}
+
+TEST_F(Validation, EmptyTensorsTakeAnyStrides) {
+  // torch gives an empty [2, 0, 8] the strides [8, 8, 1]: no element is
+  // addressed, so the tensor is as good as a compact one.
+  for (const OpSpec& spec : Ops()) {
+    SCOPED_TRACE(spec.op);
+    OpCall c(spec, 0, 8);
+    for (size_t i = 0; i < c.num_args(); ++i) {
+      const ArgSpec& a = i < spec.in.size() ? spec.in[i] : spec.out[i - spec.in.size()];
+      if (a.role == Role::kLikeX) {
+        c.SetShape(i, {2, 0, 8});
+        c.SetStrides(i, {8, 8, 1});
+      }
+      if (a.role == Role::kStats) {
+        c.SetShape(i, {2, 0});
+        c.SetStrides(i, {1, 1});
+      }
+    }
+    ExpectAccepted(c);
   }
 }
 

@@ -61,3 +61,20 @@ def test_outputs_keep_the_callers_layout_rules(manager):
     bad_out = torch.empty(8, 4).t()
     with pytest.raises(ValueError, match=r"argument 'z' \(output 0\): expected a contiguous"):
         manager.call("rmsnorm_fwd", x, w, 1e-5, bad_out)
+
+
+def test_empty_tensors_with_torch_strides_are_accepted():
+    # torch gives an empty [3, 0, 4] the strides (4, 4, 1) (is_contiguous() is
+    # True); no element is addressed, so tefl takes it as compact.
+    x = torch.empty(3, 0, 4)
+    assert x.stride() == (4, 4, 1)
+    assert tefl.gelu(x, None).shape == (3, 0, 4)
+    assert tefl.swiglu(torch.empty(4, 0), None).shape == (4, 0)
+    assert tefl.scaled_softmax_forward(torch.empty(2, 2, 3, 0), 1.0).shape == (2, 2, 3, 0)
+    # GEMM with K = 0: the product is zero, bias and accumulate still apply.
+    d = tefl.generic_gemm(torch.empty(5, 0), True, torch.empty(7, 0), False, bias=torch.arange(5.0))[0]
+    torch.testing.assert_close(d, torch.arange(5.0).expand(7, 5))
+    d = tefl.generic_gemm(torch.empty(5, 0), True, torch.empty(7, 0), False, D=torch.ones(7, 5), accumulate=True)[0]
+    torch.testing.assert_close(d, torch.ones(7, 5))
+    # N = 0: an empty D, allocated by tefl with torch's strides ([5, 0]: (1, 1)).
+    assert tefl.generic_gemm(torch.empty(0, 16), True, torch.randn(5, 16), False)[0].shape == (5, 0)

@@ -173,6 +173,9 @@ tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key,
         any_negative |= shape[d];
       }
       numel = expected_stride;
+      // An empty tensor has no element to address: any strides describe it
+      // (torch gives [3, 0, 4] the strides [4, 4, 1]), so it counts as compact.
+      if (numel == 0) compact = true;
     }
     if (any_negative < 0) {
       for (int d = 0; d < ndim; ++d)
