@@ -47,7 +47,7 @@ def schema_of(op: str) -> dict:
 # A parameter is (python name, role, schema name or names). Roles:
 #   in        a schema input            attr     a schema attribute
 #   out       a caller-provided output  outs     generic out= (tuple or tensor)
-#   quantizer TE's quantizer (must be None: tefl has no quantized outputs)
+#   quantizer TE's quantizer (None, or a Float8Quantizer where the op has an _fp8 variant)
 #   otype     TE's output dtype (a DType, torch or numpy dtype) of one output
 #   split3    TE's qkv_split_arg_list -> three attributes
 #   rng       a dropout seed/offset attribute: None = the next value of
@@ -252,6 +252,8 @@ class OpSignature:
             given = out_param.get(n)
             if given is None and has_outs:
                 given = f"_pick(out, {k}, {nout})"
+            elif given is not None and has_outs:  # e.g. ln_out= and out=(y, ...): one of them, or the same tensor
+                given = f"_pick_one({self.name!r}, {given!r}, {given}, _pick(out, {k}, {nout}), {k})"
             rule = output_rule(s, k)
             optional = s["outputs"][k]["optional"]
             cond = None
@@ -342,7 +344,8 @@ class OpSignature:
             elif role == "outs":
                 lines.append(f"  {py}: optional output tensor(s) ({', '.join(self.outs)})")
             elif role == "quantizer":
-                lines.append(f"  {py}: must be None (no quantized outputs)")
+                lines.append(f"  {py}: None, or a tefl.Float8Quantizer for an FP8 output ({self.name}_fp8)"
+                             if _has_fp8_variant(self.name) else f"  {py}: must be None ({self.name} has no FP8 variant)")
             elif role == "otype":
                 lines.append(f"  {py}: dtype of '{tgt}' (DType, torch or numpy dtype; default: like the input)")
             elif role == "split3":
@@ -399,6 +402,16 @@ class OpSignature:
             else:  # split3
                 kwargs[py] = [attrs[i] for i in k]
         result = fn(*[inputs[j] for j in pos], **kwargs)
+        if result is None:
+            # Only outputs handed over (ln_out, ...) can have been written in
+            # place; any other output would keep whatever its buffer held.
+            handed = {k for _, what, k in kwplan if what == "out"}
+            missing = [self.outs[k] for k, dst in enumerate(outputs) if dst is not None and k not in handed]
+            if missing:
+                raise ValueError(f"{self.name}: the implementation returned None, but output(s) "
+                                 f"{', '.join(repr(m) for m in missing)} were not handed to it to write; "
+                                 "return them (a tensor or a tuple)")
+            return
         self.store(result, outputs)
 
     def store(self, result, outputs) -> None:
@@ -499,6 +512,15 @@ def _pick(out, k, n):
     if not isinstance(out, (tuple, list)) or len(out) != n:
         raise ValueError(f"out= expects a tuple of {n} tensors (or None entries)")
     return out[k]
+
+
+def _pick_one(op, param, named, from_out, k):
+    if from_out is None or from_out is named:
+        return named
+    if named is None:
+        return from_out
+    raise ValueError(f"{op}: output {k} is given twice, as {param}= and as out[{k}], with different tensors; "
+                     "pass one of them")
 
 
 def _need_out(op, name):
@@ -609,6 +631,7 @@ _HELPERS = {
     "_like": _like,
     "_otype": _otype,
     "_pick": _pick,
+    "_pick_one": _pick_one,
     "_need_out": _need_out,
     "_no_quantizer": _no_quantizer,
     "_quantized": _quantized,

@@ -351,3 +351,20 @@ def test_reset_default_manager_builds_a_fresh_pair(monkeypatch):
                                                      second.registry.get_implementations("layernorm_bwd")}
     y, _, _ = tefl.rmsnorm_fwd(torch.randn(2, 8), torch.ones(8))  # module functions follow the new default
     assert second.get_selected_impl_id("rmsnorm_fwd") == "default.portable"
+
+
+def test_an_output_given_twice_must_be_one_tensor():
+    x, w = torch.randn(2, 8), torch.randn(8)
+    a, b, r = torch.empty(2, 8), torch.empty(2, 8), torch.empty(2)
+    with pytest.raises(ValueError, match=r"rmsnorm_fwd: output 0 is given twice, as ln_out= and as out\[0\]"):
+        tefl.rmsnorm_fwd(x, w, ln_out=a, out=(b, r))
+    y, _, rs = tefl.rmsnorm_fwd(x, w, ln_out=a, out=(a, r))  # the same tensor twice is fine
+    assert y is a and rs is r
+    y, _, rs = tefl.rmsnorm_fwd(x, w, ln_out=a, out=(None, r))
+    assert y is a and rs is r
+
+
+def test_a_tensor_without_data_is_refused_naming_the_op_and_argument():
+    with pytest.raises(ValueError, match=r"gelu: argument 'input' \(input 0\): cannot read this torch.Tensor on "
+                                         r"device 'meta' through DLPack: [^\n]*meta[^\n]*$"):
+        tefl.gelu(torch.empty(2, 4, device="meta"), None)

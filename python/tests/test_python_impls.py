@@ -82,6 +82,34 @@ def test_raising_impl_falls_back_when_not_strict(manager, capfd):
     assert "WARNING" in err and "kernel exploded" in err and "demoted for this signature" in err
 
 
+def test_none_result_without_the_outputs_handed_over_is_an_error_that_falls_back(manager, capfd):
+    # rmsnorm_fwd hands its implementation ln_out (output 'z') but not rsigma:
+    # returning None cannot have written rsigma, so the result is refused.
+    register(manager, lambda input, weight, **k: None)
+    x, w = torch.randn(2, 8), torch.randn(8)
+    with tefl.with_preference("vendor"):
+        y, _, rs = manager.call("rmsnorm_fwd", x, w)
+    assert manager.get_selected_impl_id("rmsnorm_fwd") == "default.portable"
+    torch.testing.assert_close(y, rms(x, w))
+    torch.testing.assert_close(rs, torch.rsqrt(x.pow(2).mean(-1) + 1e-5))
+    err = capfd.readouterr().err
+    assert "returned None, but output(s) 'rsigma' were not handed to it" in err
+
+
+def test_strict_mode_after_a_demotion_still_runs_the_first_candidate(manager):
+    def broken(input, weight, **kw):
+        raise ZeroDivisionError("no luck")
+
+    register(manager, broken)
+    x, w = torch.randn(2, 8), torch.randn(8)
+    with tefl.with_preference("vendor"):
+        manager.call("rmsnorm_fwd", x, w)  # fails, demoted for this signature, default.portable serves
+    with tefl.policy_context(SelectionPolicy(prefer="vendor", strict=True)):
+        assert manager.explain("rmsnorm_fwd", x, w)["chain"] == ["vendor.py"]
+        with pytest.raises(tefl.TeflError, match=r"strict mode.*'vendor.py'.*ZeroDivisionError"):
+            manager.call("rmsnorm_fwd", x, w)
+
+
 def test_raising_impl_fails_in_strict_mode_with_its_exception_chained(manager):
     def broken(input, weight, **kw):
         raise ZeroDivisionError("no luck")
