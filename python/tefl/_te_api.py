@@ -63,6 +63,45 @@ class Float8Quantizer:
     dtype: DType = DType.kFloat8E4M3
 
 
+def _gemm_operand(x, what: str):
+    """x, checked to be a 2-D tensor (or Float8Tensor), in the caller's terms."""
+    if x is None:
+        raise TypeError(f"generic_gemm: argument '{what}' is required, got None")
+    data = x._data if hasattr(x, "_data") and hasattr(x, "_scale_inv") else x  # a Float8Tensor's codes
+    shape = getattr(data, "shape", None)
+    if shape is None or not hasattr(data, "dtype"):
+        raise TypeError(f"generic_gemm: argument '{what}' must be a 2-D tensor (torch, numpy or Float8Tensor), "
+                        f"got {type(x).__name__}")
+    if len(shape) != 2:
+        raise ValueError(f"generic_gemm: argument '{what}' must be a 2-D tensor, got shape {list(shape)}")
+    return x
+
+
+def _is_row_major(t) -> bool:
+    if hasattr(t, "is_contiguous"):
+        return bool(t.is_contiguous())
+    flags = getattr(t, "flags", None)
+    return bool(flags.c_contiguous) if flags is not None else True
+
+
+def _check_gemm_operands(A, a, transA, B, b, transB):
+    """The operand checks whose C++ messages would name the swapped row-major
+    operands (the row-major call's A is TE's B): made here, in TE's names."""
+    k_b = a.shape[0] if transB else a.shape[1]
+    k_a = b.shape[1] if transA else b.shape[0]
+    if k_a != k_b:
+        raise ValueError(f"generic_gemm: A {list(A.shape)} (transA={bool(transA)}) and B {list(B.shape)} "
+                         f"(transB={bool(transB)}) have different inner dimensions: K = {k_a} from A, {k_b} from B")
+    da, db = dtype_name(b.dtype), dtype_name(a.dtype)
+    if da != db and not (da.startswith("float8") and db.startswith("float8")):
+        raise ValueError(f"generic_gemm: A is {da} and B is {db}; expected the same dtype (or two FP8 operands)")
+    for what, t in (("A", b), ("B", a)):
+        if not _is_row_major(t):
+            raise ValueError(f"generic_gemm: argument '{what}' must be contiguous (row-major), got a non-contiguous "
+                             f"view of shape {list(t.shape)} (for a transposed operand pass the untransposed tensor "
+                             f"and trans{what}=True)")
+
+
 def _fp8_operand(x, scale_inv, what: str):
     """(tensor, scale_inv) of a GEMM operand."""
     if hasattr(x, "_data") and hasattr(x, "_scale_inv"):
@@ -109,9 +148,10 @@ def generic_gemm(A, transA, B, transB, D=None, quantizer=None, output_dtype=None
         from .core import get_default_manager
 
         _call = get_default_manager().function("generic_gemm")
-    a, a_si = _fp8_operand(B, B_scale_inv, "B")  # row-major A' = TE's B
-    b, b_si = _fp8_operand(A, A_scale_inv, "A")  # row-major B' = TE's A
+    a, a_si = _fp8_operand(_gemm_operand(B, "B"), B_scale_inv, "B")  # row-major A' = TE's B
+    b, b_si = _fp8_operand(_gemm_operand(A, "A"), A_scale_inv, "A")  # row-major B' = TE's A
     ta, tb = bool(transB), bool(transA)
+    _check_gemm_operands(A, a, transA, B, b, transB)
     m = a.shape[1] if ta else a.shape[0]
     n = b.shape[0] if tb else b.shape[1]
     if accumulate and D is None:

@@ -189,3 +189,23 @@ def test_flash_attention_forward_and_backward_vs_torch(causal):
     ref.permute(2, 0, 1, 3).reshape(s, b, h * d).backward(dy)
     for mine, theirs in ((q, qt), (k, kt), (v, vt)):
         close(mine.grad, theirs.grad.permute(2, 0, 1, 3), 1e-4)
+
+
+@pytest.mark.parametrize("call,exc,message", [
+    (lambda W, x: tefl.generic_gemm(W, True, x[:, :15].contiguous(), False), ValueError,
+     r"A \[12, 16\] \(transA=True\) and B \[5, 15\] \(transB=False\) have different inner dimensions: "
+     r"K = 16 from A, 15 from B"),
+    (lambda W, x: tefl.generic_gemm(W, True, x.bfloat16(), False), ValueError,
+     "A is float32 and B is bfloat16; expected the same dtype"),
+    (lambda W, x: tefl.generic_gemm(W, True, x.t().contiguous().t(), False), ValueError,
+     r"argument 'B' must be contiguous \(row-major\).*transB=True"),
+    (lambda W, x: tefl.generic_gemm(None, True, x, False), TypeError, "argument 'A' is required, got None"),
+    (lambda W, x: tefl.generic_gemm(W, True, x[None], False), ValueError,
+     r"argument 'B' must be a 2-D tensor, got shape \[1, 5, 16\]"),
+    (lambda W, x: tefl.generic_gemm(W.tolist(), True, x, False), TypeError, "argument 'A' must be a 2-D tensor"),
+])
+def test_generic_gemm_operand_errors_use_te_names(call, exc, message):
+    """The row-major call swaps TE's A and B; errors still name the caller's."""
+    W, x = torch.randn(12, 16), torch.randn(5, 16)
+    with pytest.raises(exc, match="generic_gemm: .*" + message):
+        call(W, x)
