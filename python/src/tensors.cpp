@@ -101,6 +101,32 @@ int32_t SequenceSize(nb::handle seq, const OpSchema& op, const char* what, size_
   return int32_t(n);
 }
 
+// The tensor's own DLPack export failed (a meta tensor has no data; a
+// sparse one no strides): the exporter's message, first line only (torch
+// appends a C++ backtrace), under the op's and the argument's name.
+[[noreturn]] void ThrowExportError(const OpSchema& op, bool input, int index, nb::handle h) {
+  std::string why = "the exporter failed without a reason";
+  if (PyErr_Occurred() != nullptr) {
+    nb::python_error e;  // takes the pending Python error
+    const char* text = e.what();
+    if (text != nullptr) why = text;
+  }
+  why = why.substr(0, why.find('\n'));
+  std::string device;
+  if (PyObject* dev = PyObject_GetAttrString(h.ptr(), "device")) {
+    PyObject* text = PyObject_Str(dev);
+    const char* c = text != nullptr ? PyUnicode_AsUTF8(text) : nullptr;
+    if (c != nullptr) device = fmt::format(" on device '{}'", c);
+    Py_XDECREF(text);
+    Py_DECREF(dev);
+  }
+  PyErr_Clear();  // no device attribute (or no str of it): the message goes without
+  throw nb::value_error(fmt::format("{}: cannot read this {}{} through DLPack: {} (tefl needs a strided tensor "
+                                    "with data, on the CPU or a device a plugin serves)",
+                                    ArgLabel(op, input, index), TypeNameOf(h), device, why)
+                            .c_str());
+}
+
 }  // namespace
 
 const OpSchema& OpById(int32_t op_id) {
@@ -129,7 +155,7 @@ void ConvertTensors(const OpSchema& op, nb::handle inputs, nb::handle outputs, C
     }
     if (DLTensorFromPyObjectFn fn = ExchangeFnOf(h.ptr())) {
       DLTensor* t = &out->tensors[size_t(i)];
-      if (fn(h.ptr(), t) != 0) throw nb::python_error();
+      if (fn(h.ptr(), t) != 0) ThrowExportError(op, true, i, h);
       out->inputs[size_t(i)] = t;  // valid while the caller's object is (it is borrowed for the call)
       continue;
     }
@@ -154,7 +180,7 @@ void ConvertTensors(const OpSchema& op, nb::handle inputs, nb::handle outputs, C
     }
     if (DLTensorFromPyObjectFn fn = ExchangeFnOf(h.ptr())) {
       DLTensor* t = &out->tensors[size_t(nin + i)];
-      if (fn(h.ptr(), t) != 0) throw nb::python_error();
+      if (fn(h.ptr(), t) != 0) ThrowExportError(op, false, i, h);
       out->outputs[size_t(i)] = t;
       continue;
     }
