@@ -1011,12 +1011,12 @@ TEST(ActivationValidation, BadShapesDtypesAndAttrs) {
       for (float limit : {0.0f, -1.0f, nan, -inf}) {
         Problem p = base;
         p.clamp = {TEFL_CLAMPED_SWIGLU_ATTRS_STRUCT_SIZE, limit, 1.702f};
-        ExpectRejected(p, {"'limit'"});
+        ExpectRejected(p, {"'limit' must be in (0, inf], got"});
       }
       for (float alpha : {inf, -inf, nan}) {
         Problem p = base;
         p.clamp = {TEFL_CLAMPED_SWIGLU_ATTRS_STRUCT_SIZE, 7.0f, alpha};
-        ExpectRejected(p, {"'alpha'"});
+        ExpectRejected(p, {"'alpha' must be in [-3.4028235e+38, 3.4028235e+38], got"});
       }
     }
   }

@@ -357,8 +357,8 @@ TEST(DropoutSpecial, BadInputsRejectedOutputsUntouched) {
   const DType f = DType::kF32, u8 = DType::kU8;
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const std::vector<Case> cases = {
-      {"p = 1", true, f, f, u8, {8}, {8}, {8}, 1.0f, {"dropout_fwd", "'p'", "[0, 0.99999994", "got 1"}},
-      {"p < 0", true, f, f, u8, {8}, {8}, {8}, -0.1f, {"'p'"}},
+      {"p = 1", true, f, f, u8, {8}, {8}, {8}, 1.0f, {"dropout_fwd", "'p' must be in [0, 1), got 1"}},
+      {"p < 0", true, f, f, u8, {8}, {8}, {8}, -0.1f, {"'p' must be in [0, 1), got -0.1"}},
       {"p NaN", false, f, f, u8, {8}, {8}, {8}, nan, {"dropout_bwd", "'p'"}},
       {"p = 1 backward", false, f, f, u8, {8}, {8}, {8}, 1.0f, {"dropout_bwd", "'p'"}},
       {"mask float (fwd)", true, f, f, f, {8}, {8}, {8}, 0.5f, {"'mask'", "uint8"}},

@@ -760,7 +760,7 @@ TEST_F(Validation, AttributeOutOfRange) {
         OpCall c(spec);
         c.fwd_attrs.eps = eps;
         ExpectRejected(c, {"attribute 'eps' must be in [0, inf]",
-                           std::isnan(eps) ? std::string("got nan") : fmt::format("got {}", double(eps))});
+                           std::isnan(eps) ? std::string("got nan") : fmt::format("got {}", eps)});
       }
       for (int32_t zcg : {2, -1}) {
         OpCall c(spec);

@@ -1,5 +1,7 @@
 // The op catalogue as Python data: tefl's Python layer generates every op's
 // call signature and output allocation from these schemas.
+#include <cstdlib>
+
 #include "bindings.h"
 
 namespace tefl::python {
@@ -40,8 +42,12 @@ const char* AttrTypeName(AttrType t) {
   return "?";
 }
 
+// A float attribute's value as Python shows it: the float32's shortest
+// decimal form (1.702, not 1.7020000219345093).
+double Float32Shortest(double v) { return std::strtod(fmt::format("{}", float(v)).c_str(), nullptr); }
+
 nb::object AttrValue(AttrType t, double v) {
-  if (t == AttrType::kF32) return nb::float_(v);
+  if (t == AttrType::kF32) return nb::float_(Float32Shortest(v));
   if (t == AttrType::kBool) return nb::bool_(v != 0);
   return nb::int_(int64_t(v));
 }
@@ -68,8 +74,8 @@ void BindSchemas(nb::module_& m) {
             ad["name"] = a.name;
             ad["type"] = AttrTypeName(a.type);
             ad["default"] = AttrValue(a.type, a.default_value);
-            ad["min"] = a.min_value;
-            ad["max"] = a.max_value;
+            ad["min"] = a.type == AttrType::kF32 ? Float32Shortest(a.min_value) : a.min_value;
+            ad["max"] = a.type == AttrType::kF32 ? Float32Shortest(a.max_value) : a.max_value;
             ad["doc"] = a.doc ? a.doc : "";
             attrs.append(ad);
           }

@@ -161,8 +161,8 @@ void ConvertTensors(const OpSchema& op, nb::handle inputs, nb::handle outputs, C
     }
     nb::ndarray<nb::ro> arr;
     if (!nb::try_cast(h, arr, false)) {
-      throw nb::type_error(fmt::format("{}: expected a tensor (torch.Tensor, numpy.ndarray or a DLPack / "
-                                       "buffer-protocol object) or None, got {}",
+      throw nb::type_error(fmt::format("{}: expected a tensor (torch.Tensor, numpy.ndarray or another "
+                                       "DLPack-capable array) or None, got {}",
                                        ArgLabel(op, true, i), TypeNameOf(h))
                                .c_str());
     }
@@ -186,8 +186,8 @@ void ConvertTensors(const OpSchema& op, nb::handle inputs, nb::handle outputs, C
     }
     nb::ndarray<> arr;
     if (!nb::try_cast(h, arr, false)) {
-      throw nb::type_error(fmt::format("{}: expected a writable tensor (torch.Tensor, numpy.ndarray or a DLPack / "
-                                       "buffer-protocol object) or None, got {}",
+      throw nb::type_error(fmt::format("{}: expected a writable tensor (torch.Tensor, numpy.ndarray or "
+                                       "another DLPack-capable array) or None, got {}",
                                        ArgLabel(op, false, i), TypeNameOf(h))
                                .c_str());
     }

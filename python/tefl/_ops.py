@@ -538,7 +538,7 @@ def _alloc_error(op, inputs, error):
             continue
         if not hasattr(value, "shape") or not hasattr(value, "dtype"):
             raise TypeError(f"{op}: argument '{arg['name']}' (input {j}): expected a tensor (torch.Tensor, "
-                            f"numpy.ndarray or a DLPack / buffer-protocol object), got "
+                            f"numpy.ndarray or another array with __dlpack__, shape and dtype), got "
                             f"{type(value).__name__}") from None
     raise ValueError(f"{op}: cannot allocate the outputs ({error}); check the inputs against the schema: "
                      + "; ".join(f"'{a['name']}' {a['shape']}" for a in schema["inputs"])) from error
