@@ -201,7 +201,7 @@ _FORMATS = {"sbhd": 0, "bshd": 1, "thd": 2}
 _SOFTMAX = {"vanilla": 0, "off-by-one": 1, "off_by_one": 1, "learnable": 2}
 
 
-def _enum_value(value, table: Dict[str, int], what: str) -> int:
+def _enum_value(value, table: Dict[str, int], what: str, where: str) -> int:
     if value is None:
         return 0
     if isinstance(value, str):
@@ -210,12 +210,12 @@ def _enum_value(value, table: Dict[str, int], what: str) -> int:
             key = key[5:]
         key = key.replace("_mask", "") if key.endswith("_mask") and key not in table else key
         if key not in table:
-            raise ValueError(f"unknown {what} {value!r} (known: {', '.join(table)})")
+            raise ValueError(f"{where}: unknown {what} {value!r} (known: {', '.join(table)})")
         return table[key]
     return int(getattr(value, "value", value))
 
 
-def _format_of(qkv_layout) -> int:
+def _format_of(qkv_layout, where: str) -> int:
     """TE's qkv_layout ("sbh3d", "bshd_bshd_bshd", "thd_t2hd", ...) or an
     NVTE_QKV_Format value -> tefl_qkv_format (sbhd 0, bshd 1, thd 2)."""
     if qkv_layout is None:
@@ -230,7 +230,7 @@ def _format_of(qkv_layout) -> int:
             return 1
         if head.startswith("t"):
             return 2
-        raise ValueError(f"unknown qkv layout {qkv_layout!r} (expected sbhd..., bshd... or thd... layouts)")
+        raise ValueError(f"{where}: unknown qkv layout {qkv_layout!r} (expected sbhd..., bshd... or thd... layouts)")
     return int(getattr(qkv_layout, "value", qkv_layout))
 
 
@@ -254,11 +254,14 @@ def attention_backend(attention_params=None, manager=None) -> Dict[str, Any]:
     mgr = manager or get_default_manager()
     mgr.ensure_initialized()
     p = attention_params if attention_params is not None else {}
+    if isinstance(p, (bool, int, float, str, bytes, list, tuple)):
+        raise TypeError(f"attention_backend: attention_params must be TE's AttentionParams, a dict of its fields "
+                        f"or None, got {type(p).__name__}")
     dtype = _param(p, "qkv_dtype", "dtype")
     window = _param(p, "window_size", default=None) or (-1, -1)
     params = {
         "dtype": dtype_name(dtype) if dtype is not None else "float32",
-        "qkv_format": _format_of(_param(p, "qkv_format", "qkv_layout")),
+        "qkv_format": _format_of(_param(p, "qkv_format", "qkv_layout"), "attention_backend: attention_params.qkv_format"),
         "batch": int(_param(p, "batch_size", "batch", default=1)),
         "seqlen_q": int(_param(p, "max_seqlen_q", "seqlen_q", default=1)),
         "seqlen_kv": int(_param(p, "max_seqlen_kv", "seqlen_kv", default=1)),
@@ -267,10 +270,12 @@ def attention_backend(attention_params=None, manager=None) -> Dict[str, Any]:
                             _param(p, "num_heads", "num_heads_q", default=1)),
         "head_dim_qk": int(_param(p, "head_dim_qk", default=64)),
         "head_dim_v": int(_param(p, "head_dim_v", default=0) or _param(p, "head_dim_qk", default=64)),
-        "mask_type": _enum_value(_param(p, "attn_mask_type", "mask_type"), _MASKS, "mask type"),
+        "mask_type": _enum_value(_param(p, "attn_mask_type", "mask_type"), _MASKS, "mask type",
+                                 "attention_backend: attention_params.attn_mask_type"),
         "window_left": int(window[0]) if window[0] is not None else -1,
         "window_right": int(window[1]) if window[1] is not None else -1,
-        "softmax_type": _enum_value(_param(p, "softmax_type"), _SOFTMAX, "softmax type"),
+        "softmax_type": _enum_value(_param(p, "softmax_type"), _SOFTMAX, "softmax type",
+                                    "attention_backend: attention_params.softmax_type"),
         "dropout": float(_param(p, "attention_dropout", "dropout", default=0.0) or 0.0),
         "is_training": bool(_param(p, "is_training", default=False)),
     }
@@ -336,12 +341,13 @@ class FlashAttention:
     def forward(self, query_layer, key_layer, value_layer, attention_mask=None, qkv_layout="sbh3d",
                 cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None,
                 attn_mask_type="causal", window_size=None, softmax_offset=None, softmax_type="vanilla", **kwargs):
-        fmt = _format_of(qkv_layout)
-        mask = _enum_value(attn_mask_type, _MASKS, "mask type")
+        fmt = _format_of(qkv_layout, "FlashAttention: qkv_layout")
+        mask = _enum_value(attn_mask_type, _MASKS, "mask type", "FlashAttention: attn_mask_type")
         wl, wr = (window_size if window_size is not None else (-1, 0 if mask in (2, 3, 4, 5) else -1))
         attrs = dict(qkv_format=fmt, mask_type=mask, window_left=-1 if wl is None else int(wl),
                      window_right=-1 if wr is None else int(wr),
-                     softmax_type=_enum_value(softmax_type, _SOFTMAX, "softmax type"), scale=self.softmax_scale,
+                     softmax_type=_enum_value(softmax_type, _SOFTMAX, "softmax type", "FlashAttention: softmax_type"),
+                     scale=self.softmax_scale,
                      dropout=self.attention_dropout if self.training else 0.0, is_training=bool(self.training))
         if attrs["dropout"] > 0:
             torch = sys.modules.get("torch")

@@ -209,3 +209,16 @@ def test_generic_gemm_operand_errors_use_te_names(call, exc, message):
     W, x = torch.randn(12, 16), torch.randn(5, 16)
     with pytest.raises(exc, match="generic_gemm: .*" + message):
         call(W, x)
+
+
+def test_attention_parameter_errors_name_the_function_and_field():
+    with pytest.raises(TypeError, match="attention_backend: attention_params must be TE's AttentionParams"):
+        tefl.get_attention_backend(42)
+    with pytest.raises(ValueError, match=r"attention_backend: attention_params.attn_mask_type: unknown mask type "
+                                         r"'bogus' \(known: no_mask, "):
+        tefl.attention_backend({"attn_mask_type": "bogus"})
+    with pytest.raises(ValueError, match="attention_backend: attention_params.qkv_format: unknown qkv layout 'xyz'"):
+        tefl.attention_backend({"qkv_format": "xyz"})
+    q = torch.randn(4, 1, 2, 8)
+    with pytest.raises(ValueError, match="FlashAttention: attn_mask_type: unknown mask type 'diagonal'"):
+        tefl.FlashAttention(0.35)(q, q, q, qkv_layout="sbhd_sbhd_sbhd", attn_mask_type="diagonal")
