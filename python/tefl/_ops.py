@@ -15,6 +15,7 @@ hand-written wrapper.
 from __future__ import annotations
 
 import math
+import re
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -305,18 +306,28 @@ class OpSignature:
             rets_q = tup([f"_o{k}" if k is not None else "None" for k in self.returns])
             body.append(f"if {quant[0]} is not None: return _quantized({self.name!r}, {quant[0]}, __call, {I}, {O}, "
                         f"{A}, __pget(), {rets_q}, {self.returns[0] if self.returns else 0!r})")
-        if mode == "manager":
-            body.append(f"__call(__id, {I}, {O}, {A}, __pget())")
-        else:
-            body.append(f"__call(__ref, __id, {I}, {O}, {A})")
+        body.append(f"__call(__id, {I}, {O}, {A}, __pget())" if mode == "manager" else
+                    f"__call(__ref, __id, {I}, {O}, {A})")
         rets = [f"_o{k}" if k is not None else "None" for k in self.returns]
         body.append("return " + (rets[0] if len(rets) == 1 else tup(rets)))
+        names = self.python_names()
+        if names:  # messages use the schema's names; say the caller's (a try costs nothing unless raised)
+            body = (["try:"] + ["    " + line for line in body] +
+                    ["except (ValueError, TypeError) as __e:", f"    _in_python_names(__e, {names!r})", "    raise"])
         fn = self.name
         src = ["def __make(__call, __id, __ref, __pget):",
                f"    def {fn}({', '.join(sig)}):"]
         src += ["        " + line for line in body]
         src += [f"    {fn}.__qualname__ = {fn!r}", f"    return {fn}"]
         return "\n".join(src)
+
+    def python_names(self) -> Dict[str, str]:
+        """Schema name -> Python parameter name, where they differ."""
+        out = {}
+        for py, role, tgt in self.params:
+            if role in ("in", "out", "attr", "rng") and isinstance(tgt, str) and tgt != py:
+                out[tgt] = py
+        return out
 
     def make(self, mode: str, call, ref=None, pget=None):
         key = (self.name, mode)
@@ -523,6 +534,16 @@ def _pick_one(op, param, named, from_out, k):
                      "pass one of them")
 
 
+def _in_python_names(error, names):
+    """Rewrites a libtefl validation message in place: the schema's argument
+    names ('gamma') become the Python parameters' ('weight'), NULL None."""
+    if not error.args or not isinstance(error.args[0], str):
+        return
+    text = re.sub(r"'(\w+)'", lambda m: f"'{names[m.group(1)]}'" if m.group(1) in names else m.group(0),
+                  error.args[0])
+    error.args = (text.replace("got NULL", "got None"),) + error.args[1:]
+
+
 def _need_out(op, name):
     raise ValueError(f"{op}: the shape of output '{name}' cannot be inferred from the schema "
                      f"('{BY_NAME[op]['outputs'][[o['name'] for o in BY_NAME[op]['outputs']].index(name)]['shape']}'); "
@@ -627,6 +648,7 @@ def copy_into(dst, value, op, name):
 
 
 _HELPERS = {
+    "_in_python_names": _in_python_names,
     "_empty": _empty,
     "_like": _like,
     "_otype": _otype,

@@ -158,10 +158,16 @@ def test_quantizer_is_rejected_clearly(manager):
 
 
 def test_validation_errors_name_op_argument_and_expectation(manager):
-    with pytest.raises(ValueError, match=r"rmsnorm_fwd: argument 'gamma'.*\[16\]"):
+    # The Python parameters' names (TE's), not the schema's ('x', 'gamma', 'z').
+    with pytest.raises(ValueError, match=r"rmsnorm_fwd: argument 'weight' \(input 1\): expected shape \[16\] "
+                                         r"\(H = last dim of 'input'\), got \[8\]"):
         manager.call("rmsnorm_fwd", torch.randn(2, 16), torch.ones(8))
-    with pytest.raises(TypeError, match=r"rmsnorm_fwd: argument 'x' \(input 0\): expected a tensor"):
+    with pytest.raises(TypeError, match=r"rmsnorm_fwd: argument 'input' \(input 0\): expected a tensor"):
         manager.call("rmsnorm_fwd", [[1.0]], torch.ones(1))
+    with pytest.raises(ValueError, match=r"rmsnorm_fwd: argument 'weight' \(input 1\): is required, got None"):
+        manager.call("rmsnorm_fwd", torch.randn(2, 16), None)
+    with pytest.raises(ValueError, match=r"dropout_fwd: attribute 'dropout_probability' must be in \[0, 1\), got 1.5"):
+        tefl.dropout_fwd(torch.randn(4), 1.5)
     with pytest.raises(ValueError, match="eps"):
         manager.call("rmsnorm_fwd", torch.randn(2, 16), torch.ones(16), -1.0)
     with pytest.raises(TypeError, match="attribute 'sm_margin' expects an integer"):

@@ -39,7 +39,7 @@ def test_strided_first_input(manager, op, lib):
     strided[py] = _strided_copy(kw[py])
     assert not (strided[py].flags["C_CONTIGUOUS"] if lib == "numpy" else strided[py].is_contiguous())
     if schema["contiguous"]:
-        with pytest.raises(ValueError, match=rf"{op}: argument '{name}' \(input 0\): expected a contiguous "
+        with pytest.raises(ValueError, match=rf"{op}: argument '{py}' \(input 0\): expected a contiguous "
                                              r"row-major tensor, got shape .* with strides"):
             manager.call(op, **strided)
         return
@@ -59,7 +59,7 @@ def test_negative_numpy_strides_rejected_clearly(manager):
 def test_outputs_keep_the_callers_layout_rules(manager):
     x, w = torch.randn(4, 8), torch.ones(8)
     bad_out = torch.empty(8, 4).t()
-    with pytest.raises(ValueError, match=r"argument 'z' \(output 0\): expected a contiguous"):
+    with pytest.raises(ValueError, match=r"argument 'ln_out' \(output 0\): expected a contiguous"):
         manager.call("rmsnorm_fwd", x, w, 1e-5, bad_out)
 
 
