@@ -5,23 +5,32 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tefl=build/release/tools/tefl/tefl
-plugins=$PWD/build/release/tests/plugins
 [[ -x $tefl ]] || { echo "build the release preset first" >&2; exit 1; }
+# Every example is run exactly as shown (from the source tree, with the
+# release build's tefl first on PATH), so the page never shows a command
+# other than the one that produced the output.
+PATH=$PWD/build/release/tools/tefl:$PATH
+export PATH
 out=docs/cli.md
 unset TE_FL_PREFER TE_FL_PREFER_VENDOR TE_FL_STRICT TE_FL_PER_OP TE_FL_ALLOW_VENDORS TE_FL_DENY_VENDORS \
   TE_FL_PLUGIN_MODULES TEFL_LOG_LEVEL TE_FL_VERBOSE
 
-# run "shown command" [env assignments...] -- args: prints a fenced block
+# run 'command': prints a fenced block with the command as shown and the
+# output of running that very text with bash (the source tree's absolute path
+# removed from the output).
 run() {
   local shown=$1
-  shift
   echo '```console'
   echo "\$ $shown"
   local rc=0
-  env "$@" 2>&1 | sed "s|$PWD/||g" || rc=$?
+  bash -c "set -o pipefail; $shown 2>&1 | sed 's|$PWD/||g'" || rc=$?
   ((rc == 0)) || echo "(exit status $rc)"
   echo '```'
 }
+# The test plugins as the examples name them: an absolute path (--plugin
+# refuses a relative one), written with $PWD so that it works as shown.
+plugins='"$PWD"/build/release/tests/plugins'
+
 
 {
   cat <<'MD'
@@ -30,13 +39,21 @@ run() {
 `tefl` is what a person types first and what a vendor runs to prove a plugin.
 Every command has `--help`; every command that prints a table has `--json`.
 Exit status 0 on success; otherwise one line `tefl: error: <reason>` on stderr
-and status 1 (the command failed) or 2 (bad usage). The library's own INFO
-log lines are off unless `TEFL_LOG_LEVEL` is set.
+and status 2 for bad usage (an unknown command, option, op, dtype or device, a
+malformed `--shape`/`--size`, an out-of-range value) or 1 when the command
+failed: a plugin that does not load, a failing `check` case, an `explain` whose
+call cannot be resolved (its report is printed first), a `bench` row that could
+not be run (the table, with each reason, is printed first). The library's own
+INFO log lines are off unless `TEFL_LOG_LEVEL` is set.
 
-Commands take `--plugin NAME|PATH` (repeatable) to load a plugin first;
-`TE_FL_PLUGIN_MODULES` and the installed plugin directory work as for any
-tefl program. All output below is real, produced by `scripts/gen-cli-doc.sh`
-on this machine (2 cores).
+Commands take `--plugin NAME|PATH` (repeatable) to load a plugin first: a name
+looked up in `TE_FL_PLUGIN_PATH` and the installed plugin directory, or an
+absolute path (a relative path is refused); `TE_FL_PLUGIN_MODULES` and the
+installed plugin directory work as for any tefl program. All output below is
+real, produced by `scripts/gen-cli-doc.sh` on this machine (2 cores), which
+runs each command exactly as shown, from the source tree after
+`cmake --build --preset release`, with `build/release/tools/tefl` on `PATH`
+(hence the test plugins' `"$PWD"/build/release/tests/plugins/...`).
 
 | command | what it does |
 |---|---|
@@ -49,24 +66,27 @@ on this machine (2 cores).
 
 ## tefl ops
 MD
-  run "tefl ops --family normalization" $tefl ops --family normalization
-  run "tefl ops scaled_masked_softmax_forward" $tefl ops scaled_masked_softmax_forward
-  run "tefl ops generic_gemm" $tefl ops generic_gemm
+  run "tefl ops --family normalization"
+  run "tefl ops scaled_masked_softmax_forward"
+  run "tefl ops generic_gemm"
   echo
   echo '`tefl ops` lists every op; `--json` gives the same data as objects (`inputs`, `outputs`, `attrs` with'
   echo '`default`, `min`, `max`).'
   echo
   echo "## tefl impls"
-  run "tefl impls rmsnorm_fwd" $tefl impls rmsnorm_fwd
-  run "TE_FL_PREFER=vendor tefl impls rmsnorm_fwd --plugin tests/plugins/libtefl_plugin_testgood.so" \
-    TE_FL_PREFER=vendor $tefl impls rmsnorm_fwd --plugin "$plugins/libtefl_plugin_testgood.so"
+  run "tefl impls rmsnorm_fwd"
+  run "TE_FL_PREFER=vendor tefl impls rmsnorm_fwd --plugin $plugins/libtefl_plugin_testgood.so"
   echo
   echo "## tefl explain"
   echo
-  echo 'The call is built from the op'"'"'s built-in grid (`--dtype`, `--shape` of the main input, `--device`).'
-  run "TE_FL_PER_OP='rmsnorm_fwd=vendor|flagos' tefl explain rmsnorm_fwd --dtype bf16 --plugin testgood.so" \
-    TE_FL_PER_OP='rmsnorm_fwd=vendor|flagos' $tefl explain rmsnorm_fwd --dtype bf16 --plugin "$plugins/libtefl_plugin_testgood.so"
-  run "TE_FL_PREFER=reference tefl explain gelu --shape 8192,4096" TE_FL_PREFER=reference $tefl explain gelu --shape 8192,4096
+  cat <<'MD'
+The call is built from the op's built-in grid (`--dtype`, `--shape` of the main input, `--device`);
+its tensors are allocated but never written, so a big `--shape` costs neither time nor memory. A
+call that cannot be resolved (an `error` line, or an empty chain: every candidate rejected, a
+strict-mode decline) makes the command fail with status 1 after its report.
+MD
+  run "TE_FL_PER_OP='rmsnorm_fwd=vendor|flagos' tefl explain rmsnorm_fwd --dtype bf16 --plugin $plugins/libtefl_plugin_testgood.so"
+  run "TE_FL_PREFER=reference tefl explain gelu --shape 8192,4096"
   echo
   echo "## tefl check"
   echo
@@ -79,11 +99,11 @@ kernel's `TEFL_UNSUPPORTED`) is reported with its reason, and checked to have
 left every output untouched. With `--plugin`, only that plugin's
 implementations are checked. Progress is shown on a terminal.
 MD
-  run "tefl check --impl default.portable --op rmsnorm_fwd --dtype bf16" $tefl check --impl default.portable --op rmsnorm_fwd --dtype bf16
-  run "tefl check --quiet" $tefl check --quiet
+  run "tefl check --impl default.portable --op rmsnorm_fwd --dtype bf16"
+  run "tefl check --quiet"
   echo
   echo "A deliberately wrong plugin (its last row is 0.1% off) fails, with the op, dtype and shape named:"
-  run "tefl check --quiet --plugin tests/plugins/libtefl_plugin_wrong.so" $tefl check --quiet --plugin "$plugins/libtefl_plugin_wrong.so"
+  run "tefl check --quiet --plugin $plugins/libtefl_plugin_wrong.so"
   echo
   echo "## tefl bench"
   echo
@@ -94,14 +114,15 @@ as a percentage of the copy bandwidth measured at the start of the same run
 with the same threads. Default sizes per family: [4096, 4096]; softmax
 [2, 16, 1024, 1024]; RoPE [2048, 2, 32, 128]; GEMM [1024, 1024] (M, K; N =
 K); attention [2, 1024, 16, 64] (b, s, h, d; compute-bound: GB/s says little,
-and their reference.cpp is timed only with `--impl reference.cpp`). `--plot FILE.png` draws a
+and their reference.cpp is timed only with `--impl reference.cpp`). A `--size` is read per
+family as above (GEMM: exactly M,K); a row that cannot run (a size the op cannot take, a
+declined call, an `--impl` that does not serve the op) is shown as `not run: <reason>` and the
+command exits 1. `--min-time` is a number of seconds in (0, 3600]. `--plot FILE.png` draws a
 roofline-style chart (bytes moved vs achieved GB/s under the copy roof) with
 `tools/tefl/plot_bench.py` (python3 + matplotlib).
 MD
-  run "tefl bench --op rmsnorm_fwd --op gelu --op swiglu --op scaled_softmax_forward --op fused_rope_forward --dtype bf16" \
-    $tefl bench --op rmsnorm_fwd --op gelu --op swiglu --op scaled_softmax_forward --op fused_rope_forward --dtype bf16
-  run "tefl bench --op quantize --op dequantize --op compute_amax --op generic_gemm --op fused_attn_fwd" \
-    $tefl bench --op quantize --op dequantize --op compute_amax --op generic_gemm --op fused_attn_fwd
+  run "tefl bench --op rmsnorm_fwd --op gelu --op swiglu --op scaled_softmax_forward --op fused_rope_forward --dtype bf16"
+  run "tefl bench --op quantize --op dequantize --op compute_amax --op generic_gemm --op fused_attn_fwd"
   echo
   echo "## tefl demo"
   echo
@@ -116,12 +137,11 @@ wgrad) is `generic_gemm`, attention is `fused_attn_fwd`/`fused_attn_bwd`
 (bshd, causal); only the residual adds are the demo's own plain code, marked
 `demo code`.
 MD
-  run "tefl demo" $tefl demo
-  run "TE_FL_PREFER=reference tefl demo --seq 64" TE_FL_PREFER=reference $tefl demo --seq 64
+  run "tefl demo"
+  run "TE_FL_PREFER=reference tefl demo --seq 64"
   echo
   echo "With a plugin loaded and \`TE_FL_PREFER=vendor\`, the vendor's implementations appear in the table"
   echo "(the test plugin serves float32 \`rmsnorm_fwd\`):"
-  run "TE_FL_PREFER=vendor tefl demo --seq 64 --plugin tests/plugins/libtefl_plugin_testgood.so" \
-    TE_FL_PREFER=vendor $tefl demo --seq 64 --plugin "$plugins/libtefl_plugin_testgood.so"
+  run "TE_FL_PREFER=vendor tefl demo --seq 64 --plugin $plugins/libtefl_plugin_testgood.so"
 } >"$out"
 echo "wrote $out"

@@ -3,6 +3,7 @@
 // one-line errors for bad arguments.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 
 namespace {
 
@@ -37,16 +39,24 @@ std::string ReadFile(const std::string& path) {
   return s.str();
 }
 
-// Runs `tefl ARGS` with extra environment assignments ("A=b C=d").
-Result Tefl(const std::string& args, const std::string& env = "") {
+// The shell command running `tefl ARGS` with extra environment assignments
+// ("A=b C=d") in a clean policy environment (only what the test sets), after
+// `prefix` (e.g. "ulimit -v 1000000; ").
+std::string TeflCommand(const std::string& args, const std::string& env, const std::string& prefix,
+                        const std::string& out, const std::string& err) {
+  return fmt::format(
+      "{}env -u TE_FL_PREFER -u TE_FL_PREFER_VENDOR -u TE_FL_STRICT -u TE_FL_PER_OP -u TE_FL_ALLOW_VENDORS "
+      "-u TE_FL_DENY_VENDORS -u TE_FL_PLUGIN_MODULES -u TEFL_LOG_LEVEL -u TE_FL_VERBOSE -u TEFL_NUM_THREADS {} '{}' "
+      "{} >'{}' 2>'{}'",
+      prefix, env, TEFL_CLI_PATH, args, out, err);
+}
+
+// Runs `tefl ARGS` (see TeflCommand).
+Result Tefl(const std::string& args, const std::string& env = "", const std::string& prefix = "") {
   const std::string dir = ::testing::TempDir();
   const std::string out = dir + "/tefl_cli_out." + std::to_string(getpid());
   const std::string err = dir + "/tefl_cli_err." + std::to_string(getpid());
-  // A clean policy environment: only what the test sets.
-  const std::string cmd = fmt::format(
-      "env -u TE_FL_PREFER -u TE_FL_PREFER_VENDOR -u TE_FL_STRICT -u TE_FL_PER_OP -u TE_FL_ALLOW_VENDORS "
-      "-u TE_FL_DENY_VENDORS -u TE_FL_PLUGIN_MODULES -u TEFL_LOG_LEVEL -u TE_FL_VERBOSE {} '{}' {} >'{}' 2>'{}'",
-      env, TEFL_CLI_PATH, args, out, err);
+  const std::string cmd = TeflCommand(args, env, prefix, out, err);
   const int status = std::system(cmd.c_str());
   Result r;
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -59,9 +69,28 @@ Result Tefl(const std::string& args, const std::string& env = "") {
 
 std::string Plugin(const char* name) { return fmt::format("{}/libtefl_plugin_{}.so", TEFL_TEST_PLUGIN_DIR, name); }
 
-// One line on stderr, starting "tefl: error: ".
-void ExpectOneErrorLine(const Result& r, const std::string& needle) {
+// The peak resident memory (KiB) of `tefl ARGS` and the status it exited with.
+std::pair<long, int> PeakRssKiB(const std::string& args) {
+  const std::string cmd = TeflCommand(args, "", "", "/dev/null", "/dev/null");
+  const pid_t pid = fork();
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int status = 0;
+  struct rusage ru {};
+  if (pid < 0 || wait4(pid, &status, 0, &ru) != pid) return {-1, -1};
+  // The child's maxrss covers the descendants it waited for (tefl under sh).
+  return {ru.ru_maxrss, WIFEXITED(status) ? WEXITSTATUS(status) : -1};
+}
+
+// One line on stderr, starting "tefl: error: ", and a failing status (`code`:
+// that one).
+void ExpectOneErrorLine(const Result& r, const std::string& needle, int code = -1) {
   EXPECT_NE(r.code, 0);
+  if (code >= 0) {
+    EXPECT_EQ(r.code, code) << r.err;
+  }
   EXPECT_EQ(r.err.rfind("tefl: error: ", 0), 0u) << r.err;
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   EXPECT_NE(r.err.find(needle), std::string::npos) << "expected '" << needle << "' in: " << r.err;
@@ -155,16 +184,127 @@ TEST(Cli, ExplainGivesEveryRejectionReason) {
 }
 
 TEST(Cli, BadArgumentsGiveOneLine) {
-  ExpectOneErrorLine(Tefl("explain nope_op"), "unknown op 'nope_op'");
-  ExpectOneErrorLine(Tefl("explain rmsnrm_fwd"), "did you mean 'rmsnorm_fwd'");
-  ExpectOneErrorLine(Tefl("explain rmsnorm_fwd --dtype int7"), "unknown dtype 'int7'");
-  ExpectOneErrorLine(Tefl("explain rmsnorm_fwd --shape 3,,4"), "malformed shape '3,,4'");
-  ExpectOneErrorLine(Tefl("explain rmsnorm_fwd --device quantum"), "unknown device 'quantum'");
-  ExpectOneErrorLine(Tefl("check --plugin /nonexistent/libtefl_plugin_x.so"), "cannot load plugin");
-  ExpectOneErrorLine(Tefl("check --plugin no_such_plugin_name"), "cannot load plugin 'no_such_plugin_name'");
-  ExpectOneErrorLine(Tefl("ops --family nope"), "no op of family 'nope'");
-  ExpectOneErrorLine(Tefl("frobnicate"), "frobnicate");
-  ExpectOneErrorLine(Tefl("demo --heads 3"), "--heads 3 must divide --hidden 256");
+  // Bad usage (an argument value that cannot be used): status 2.
+  ExpectOneErrorLine(Tefl("explain nope_op"), "unknown op 'nope_op'", 2);
+  ExpectOneErrorLine(Tefl("explain rmsnrm_fwd"), "did you mean 'rmsnorm_fwd'", 2);
+  ExpectOneErrorLine(Tefl("explain rmsnorm_fwd --dtype int7"), "unknown dtype 'int7'", 2);
+  ExpectOneErrorLine(Tefl("explain rmsnorm_fwd --shape 3,,4"), "malformed shape '3,,4'", 2);
+  ExpectOneErrorLine(Tefl("explain rmsnorm_fwd --device quantum"), "unknown device 'quantum'", 2);
+  ExpectOneErrorLine(Tefl("check --op nope_op"), "unknown op 'nope_op'", 2);
+  ExpectOneErrorLine(Tefl("bench --op relu --dtype int7"), "unknown dtype 'int7'", 2);
+  ExpectOneErrorLine(Tefl("ops --family nope"), "no op of family 'nope'", 2);
+  ExpectOneErrorLine(Tefl("frobnicate"), "frobnicate", 2);
+  ExpectOneErrorLine(Tefl("demo --heads 3"), "--heads 3 must divide --hidden 256", 2);
+  // A failure of the command itself: status 1.
+  ExpectOneErrorLine(Tefl("check --plugin /nonexistent/libtefl_plugin_x.so"), "cannot load plugin", 1);
+  ExpectOneErrorLine(Tefl("check --plugin no_such_plugin_name"), "cannot load plugin 'no_such_plugin_name'", 1);
+}
+
+TEST(Cli, ShapesAreParsedStrictly) {
+  for (const char* bad :
+       {"'8192 4096'", "8192,", "8192x", "+5,4", "-1,2", "5,4abc", "0y10", "' , '", "'[8,4'", "1e3", "''"}) {
+    const Result r = Tefl(fmt::format("explain gelu --shape {}", bad));
+    ExpectOneErrorLine(r, "malformed shape", 2);
+    EXPECT_NE(r.err.find("expected non-negative decimal sizes separated by commas"), std::string::npos) << r.err;
+  }
+  ExpectOneErrorLine(Tefl("explain gelu --shape 99999999999999999999,1"), "does not fit in 64 bits", 2);
+  // The forms that are meant: commas, x, brackets, spaces around separators.
+  for (const char* good : {"8,16", "8x16", "'[8, 16]'", "' 8 , 16 '"}) {
+    const Result r = Tefl(fmt::format("explain gelu --shape {}", good));
+    EXPECT_EQ(r.code, 0) << good << ": " << r.err;
+    EXPECT_NE(r.out.find("call       float32 [8, 16] on cpu"), std::string::npos) << good << ": " << r.out;
+  }
+}
+
+TEST(Cli, DeviceNumbersAreRangeChecked) {
+  ExpectOneErrorLine(Tefl("explain gelu --device 99999999999"), "device number '99999999999' is out of range", 2);
+  ExpectOneErrorLine(Tefl("check --op gelu --device 99999999999"), "device number '99999999999' is out of range", 2);
+  ExpectOneErrorLine(Tefl("explain gelu --device 64"), "out of range", 2);
+  EXPECT_EQ(Tefl("explain gelu --device 1").code, 0);  // kDLCPU
+}
+
+TEST(Cli, ExplainGemmSkipsAbsentOutputs) {
+  // The GEMM calls leave optional outputs (pre_gelu_out, bias_grad, d_amax)
+  // NULL; explain used to dereference them.
+  for (const char* op : {"generic_gemm", "te_general_grouped_gemm"}) {
+    const Result r = Tefl(std::string("explain ") + op);
+    EXPECT_EQ(r.code, 0) << op << ": " << r.err;
+    EXPECT_NE(r.out.find("chain      default.portable"), std::string::npos) << op << ": " << r.out;
+    EXPECT_EQ(Tefl(std::string("explain --json ") + op).Json()["op"], op);
+  }
+  EXPECT_EQ(Tefl("explain generic_gemm --shape 64,32").code, 0);
+}
+
+TEST(Cli, HugeShapesAreRejectedBeforeAllocating) {
+  // Element counts that overflow 64 bits: bad usage, named.
+  ExpectOneErrorLine(Tefl("explain gelu --shape 9223372036854775807,2"), "has too many elements", 2);
+  ExpectOneErrorLine(Tefl("explain gelu --shape 4294967296,4294967296"),
+                     "shape '4294967296,4294967296' has too many elements", 2);
+  ExpectOneErrorLine(Tefl("bench --op gelu --size 9223372036854775807,2 --min-time 0.01"), "has too many elements", 2);
+  // Bytes beyond any address space.
+  ExpectOneErrorLine(Tefl("explain gelu --shape 99999999999999,1"),
+                     "cannot allocate a float32 tensor of shape [99999999999999, 1]", 1);
+  const Result b = Tefl("bench --op gelu --size 2305843009213693951,2 --min-time 0.01");
+  ExpectOneErrorLine(b, "could not be run", 1);
+  EXPECT_NE(b.out.find("not run: cannot allocate a float32 tensor of shape [2305843009213693951, 2]"),
+            std::string::npos)
+      << b.out;
+}
+
+TEST(Cli, AllocationFailureIsNamed) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "sanitizers reserve more address space than the limit below";
+#else
+  // 400 GB under a 4 GiB address-space limit: std::bad_alloc, reported with
+  // the bytes and the tensor.
+  ExpectOneErrorLine(Tefl("explain gelu --shape 99999999999,1", "", "ulimit -v 4194304; "),
+                     "cannot allocate 400000000124 bytes for a float32 tensor of shape [99999999999, 1]", 1);
+#endif
+}
+
+TEST(Cli, ExplainDoesNotFillTheTensors) {
+  // 8192 x 8192 float32: 256 MiB in, 256 MiB out. Explain only describes the
+  // call: the pages are never touched, so the peak stays far below.
+  const auto [kib, code] = PeakRssKiB("explain gelu --shape 8192,8192");
+  EXPECT_EQ(code, 0);
+  EXPECT_GT(kib, 0);
+  EXPECT_LT(kib, 200 * 1024) << "peak RSS " << kib << " KiB";
+}
+
+TEST(Cli, ExplainFailsWhenTheCallCannotBeResolved) {
+  // No candidate: the report is printed, then status 1.
+  Result r = Tefl("explain gelu", "TE_FL_PER_OP='gelu=impl:nosuch'");
+  ExpectOneErrorLine(r, "cannot resolve the call: gelu: no implementation can serve this call", 1);
+  EXPECT_NE(r.out.find("chain      (empty)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("per_op=[gelu=impl:nosuch]"), std::string::npos) << r.out;
+  r = Tefl("explain gelu --json", "TE_FL_PER_OP='gelu=impl:nosuch'");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.Json()["chain"], nlohmann::json::array());
+  // Strict mode: the first candidate declines, so the call fails.
+  r = Tefl("explain rmsnorm_fwd --dtype bf16 --plugin " + Plugin("testgood"), "TE_FL_PREFER=vendor TE_FL_STRICT=1");
+  ExpectOneErrorLine(r, "cannot resolve the call: rmsnorm_fwd: strict mode", 1);
+  EXPECT_NE(r.out.find("error      "), std::string::npos) << r.out;
+}
+
+TEST(Cli, PolicyIsShownInWords) {
+  Result r = Tefl("impls gelu", "TE_FL_DENY_VENDORS=acme,foo TE_FL_PER_OP='gelu=reference'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("2 implementations of 1 op; policy prefer=flagos strict=0 deny=acme,foo "
+                       "per_op=[gelu=reference]\n"),
+            std::string::npos)
+      << r.out;
+  // A variable set but ignored is named, not reported as "no variable set".
+  r = Tefl("explain gelu", "TE_FL_STRICT=maybe");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.find("no TE_FL_* policy variable is set"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("ignored: TE_FL_STRICT=maybe"), std::string::npos) << r.out;
+  r = Tefl("explain gelu");
+  EXPECT_NE(r.out.find("(defaults: no TE_FL_* policy variable is set)"), std::string::npos) << r.out;
+  // Singular counts.
+  r = Tefl("check --impl default.portable --op rmsnorm_fwd --dtype bf16 --shape 3,17");
+  EXPECT_NE(r.out.find("(2 cases, 1 implementation)"), std::string::npos) << r.out;
+  r = Tefl("bench --op relu --size 8 --min-time 0.01 --impl default.portable", "TEFL_NUM_THREADS=1");
+  EXPECT_NE(r.out.find("256 MiB, 1 thread)"), std::string::npos) << r.out;
 }
 
 TEST(Cli, CheckPassesTheBuiltins) {
@@ -216,6 +356,67 @@ TEST(Cli, BenchReportsBandwidthAgainstCopy) {
   EXPECT_GT(j["stream_copy_gbps"].get<double>(), 0);
 #endif
   EXPECT_TRUE(impls.count("default.portable") && impls.count("reference.cpp"));
+}
+
+TEST(Cli, BenchMinTimeIsValidated) {
+  for (const char* bad : {"inf", "-1", "nan", "0", "3601"}) {
+    const Result r = Tefl(fmt::format("bench --op relu --size 8 --min-time {}", bad));
+    ExpectOneErrorLine(r, "--min-time", 2);
+    EXPECT_TRUE(r.out.empty()) << bad << ": nothing is measured: " << r.out;
+  }
+}
+
+TEST(Cli, BenchFailsWhenARequestedRowCannotRun) {
+  // An implementation nobody registered: as `check` says it.
+  Result r = Tefl("bench --op relu --size 8 --min-time 0.01 --impl nosuch.impl");
+  ExpectOneErrorLine(r, "no implementation 'nosuch.impl' is registered", 1);
+  // Shapes the op cannot take: a row with the reason, then status 1.
+  r = Tefl("bench --op fused_attn_fwd --size 64,64 --min-time 0.01");
+  ExpectOneErrorLine(r, "fused_attn_fwd -: no call with dtype float32 and shape [64, 64] can be built", 1);
+  EXPECT_NE(r.out.find("not run: no call with dtype float32 and shape [64, 64] can be built (attention ops take "
+                       "--size b,s,h,d"),
+            std::string::npos)
+      << r.out;
+  r = Tefl("bench --op scaled_softmax_forward --op relu --size 7 --min-time 0.01");
+  ExpectOneErrorLine(r, "1 requested row could not be run; first: scaled_softmax_forward", 1);
+  EXPECT_NE(r.out.find("relu  "), std::string::npos) << "the other rows still run: " << r.out;
+  // A declined call (testgood serves float32 only).
+  r = Tefl("bench --op rmsnorm_fwd --size 8,8 --dtype bf16 --min-time 0.01 --impl vendor.testgood --plugin " +
+           Plugin("testgood"));
+  ExpectOneErrorLine(r, "rmsnorm_fwd vendor.testgood: ", 1);
+  EXPECT_NE(r.out.find("not run: "), std::string::npos) << r.out;
+  // An implementation that does not serve the op asked for.
+  r = Tefl("bench --op gelu --size 8,8 --min-time 0.01 --impl vendor.testgood --plugin " + Plugin("testgood"));
+  ExpectOneErrorLine(r, "gelu -: not implemented on the CPU by vendor.testgood", 1);
+}
+
+TEST(Cli, BenchGemmSizeIsMK) {
+  // GEMM sizes are M,K (N = K); anything else is refused, never replaced by
+  // a grid shape.
+  for (const char* bad : {"64", "100", "64,32,16"}) {
+    const Result r = Tefl(fmt::format("bench --op generic_gemm --size {} --min-time 0.01 --json", bad));
+    ExpectOneErrorLine(r, "gemm ops take --size M,K (2 sizes; N = K)", 1);
+    for (const auto& row : r.Json()["results"]) EXPECT_FALSE(row.contains("seconds")) << row.dump();
+  }
+  ExpectOneErrorLine(Tefl("explain generic_gemm --shape 64"), "gemm ops take --shape M,K", 1);
+  const Result r = Tefl("bench --op generic_gemm --size 64,32 --min-time 0.01 --impl default.portable --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.Json()["results"][0]["shape"], "[64, 32]");
+}
+
+TEST(Cli, MalformedNumThreadsWarns) {
+  for (const char* bad : {"0", "-3", "abc", "1025", "99999999999"}) {
+    const Result r = Tefl("bench --op relu --size 8 --min-time 0.01 --impl default.portable --json",
+                          fmt::format("TEFL_NUM_THREADS={}", bad));
+    EXPECT_EQ(r.code, 0) << bad << ": " << r.err;
+    EXPECT_NE(r.err.find(fmt::format("Ignoring TEFL_NUM_THREADS='{}': expected an integer 1..1024", bad)),
+              std::string::npos)
+        << bad << ": " << r.err;
+  }
+  const Result r =
+      Tefl("bench --op relu --size 8 --min-time 0.01 --impl default.portable --json", "TEFL_NUM_THREADS=3");
+  EXPECT_EQ(r.err.find("TEFL_NUM_THREADS"), std::string::npos) << r.err;
+  EXPECT_EQ(r.Json()["threads"], 3);
 }
 
 TEST(Cli, BenchPlotWritesAPng) {

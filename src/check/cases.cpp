@@ -60,6 +60,8 @@ std::vector<Case> BuiltinCases(const std::string& op_name, const GridOptions& op
   const std::string family = op->family;
   const std::string name = op->name;
   using namespace cases_internal;
+  std::optional<DescribeOnly> describe;
+  if (options.describe_only) describe.emplace();
   std::vector<Case> cases;
   if (family == "normalization") cases = NormalizationCases(name, options);
   if (family == "activation") cases = ActivationCases(name, options);

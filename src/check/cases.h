@@ -43,6 +43,10 @@ struct GridOptions {
   std::optional<DType> dtype;                 // only this data dtype
   std::optional<std::vector<int64_t>> shape;  // only this main-input shape (each family reads it its way)
   bool first_only = false;                    // stop after the first case (benchmarks: big shapes)
+  // The cases only describe calls (`tefl explain`): built under DescribeOnly
+  // (tensors allocated, never written) and the saved tensors of backward
+  // cases are not computed. Never run such a case.
+  bool describe_only = false;
 };
 
 // The cases of `op` (by name or alias); empty for an op without a grid.

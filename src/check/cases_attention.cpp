@@ -81,7 +81,8 @@ std::vector<Case> AttentionCases(const std::string& op, const GridOptions& o) {
           } else {
             Tensor y = Output(t, lay(hq)), stats = Output(DType::kF32, stats_shape);
             const DLTensor* cu_dl = cu ? &cu->dl() : nullptr;
-            if (!RunPinned("fused_attn_fwd", "reference.cpp",
+            if (!DescribingOnly() &&
+                !RunPinned("fused_attn_fwd", "reference.cpp",
                            {&q.dl(), &k.dl(), &v.dl(), cu_dl, cu_dl, alpha ? &alpha->dl() : nullptr},
                            {y.ptr(), stats.ptr()}, &a)
                      .ok())

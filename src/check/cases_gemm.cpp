@@ -62,7 +62,10 @@ namespace {
 std::vector<Case> GenericGemmCases(const std::string& op, const GridOptions& o) {
   std::vector<Case> out;
   std::vector<std::array<int64_t, 3>> shapes = {{1, 1, 1}, {1, 40, 37}, {33, 1, 129}, {65, 96, 72}};
-  if (o.shape && o.shape->size() == 2) shapes = {{(*o.shape)[0], (*o.shape)[1], (*o.shape)[1]}};  // [M, K], N = K
+  if (o.shape) {  // [M, K], N = K; any other rank: no case (never a grid shape in its place)
+    if (o.shape->size() != 2) return out;
+    shapes = {{(*o.shape)[0], (*o.shape)[1], (*o.shape)[1]}};
+  }
   for (const auto& [m, n, k] : shapes) {
     for (DType t : DTypes(o)) {
       for (int variant = 0; variant < 4; ++variant) {  // fprop + bias; + GELU; wgrad with bias_grad; DGELU
@@ -107,6 +110,7 @@ std::vector<Case> GemmCases(const std::string& op, const GridOptions& o) {
   if (op == "generic_gemm") return GenericGemmCases(op, o);
   std::vector<Case> out;
   if (op != "te_general_grouped_gemm") return out;
+  if (o.shape && o.shape->size() != 2) return out;  // A's shape [S, K] only
   for (const GroupedShape& sh : Shapes(o)) {
     int64_t rows = 0;
     for (int64_t s : sh.splits) rows += s;

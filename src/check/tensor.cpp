@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -9,25 +10,71 @@
 
 namespace tefl::check {
 
+namespace {
+
+thread_local bool t_describe_only = false;
+
+// The most bytes a tensor may take: 2^47 (128 TiB), a whole x86-64 user
+// address space; a shape beyond it is a mistake, not a big call, refused
+// before anything is allocated.
+constexpr size_t kMaxTensorBytes = size_t(1) << 47;
+
+std::string DescribeTensor(DType dtype, const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return fmt::format("{} tensor of shape {}]", DTypeName(dtype), s);
+}
+
+}  // namespace
+
+DescribeOnly::DescribeOnly() : previous_(t_describe_only) { t_describe_only = true; }
+DescribeOnly::~DescribeOnly() { t_describe_only = previous_; }
+bool DescribingOnly() { return t_describe_only; }
+
 void Tensor::Allocate(size_t n) {
   storage_.reset(static_cast<uint8_t*>(::operator new[](n, std::align_val_t(64))));
   storage_size_ = n;
 }
 
 Tensor::Tensor(DType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(std::move(shape)) {
-  numel_ = 1;
-  for (int64_t d : shape_) numel_ *= d;
+  // The element count and bytes are checked before anything is allocated: a
+  // product that wraps around would allocate a few bytes and write past them.
+  int64_t numel = 1;
+  bool overflow = false;
+  for (int64_t d : shape_) {
+    if (d < 0)
+      throw TensorAllocError(fmt::format("cannot allocate a {}: negative size", DescribeTensor(dtype_, shape_)));
+    overflow = overflow || __builtin_mul_overflow(numel, d, &numel);
+  }
+  if (std::find(shape_.begin(), shape_.end(), 0) != shape_.end()) numel = 0, overflow = false;
   const size_t elem = size_t(DLTypeOf(dtype).bits / 8);
-  Allocate(size_t(numel_) * elem + 2 * kGuard);
-  std::memset(storage_.get(), 0xA5, storage_size_);
+  size_t data_bytes = 0;
+  if (overflow || __builtin_mul_overflow(size_t(numel), elem, &data_bytes) || data_bytes > kMaxTensorBytes)
+    throw TensorAllocError(fmt::format(
+        "cannot allocate a {}: {} (the most for one tensor is 2^47 bytes, 128 TiB)", DescribeTensor(dtype_, shape_),
+        overflow ? std::string("its element count overflows 64 bits") : std::to_string(data_bytes) + " bytes"));
+  numel_ = numel;
+  try {
+    Allocate(data_bytes + 2 * kGuard);
+  } catch (const std::bad_alloc&) {
+    throw TensorAllocError(
+        fmt::format("cannot allocate {} bytes for a {}", data_bytes + 2 * kGuard, DescribeTensor(dtype_, shape_)));
+  }
   Bind();
-  std::memset(bytes(), 0, size_t(numel_) * elem);
+  if (DescribingOnly()) {
+    described_only_ = true;
+    return;
+  }
+  std::memset(storage_.get(), 0xA5, storage_size_);
+  std::memset(bytes(), 0, data_bytes);
 }
 
-Tensor::Tensor(const Tensor& other) : dtype_(other.dtype_), shape_(other.shape_), numel_(other.numel_) {
+Tensor::Tensor(const Tensor& other)
+    : dtype_(other.dtype_), shape_(other.shape_), numel_(other.numel_), described_only_(other.described_only_) {
   if (other.storage_) {
     Allocate(other.storage_size_);
-    std::memcpy(storage_.get(), other.storage_.get(), storage_size_);
+    if (!described_only_ || storage_size_ <= kDescribedCopyLimit)
+      std::memcpy(storage_.get(), other.storage_.get(), storage_size_);
   }
   Bind();
 }
@@ -41,6 +88,7 @@ Tensor::Tensor(Tensor&& other) noexcept
     : dtype_(other.dtype_),
       shape_(std::move(other.shape_)),
       numel_(other.numel_),
+      described_only_(other.described_only_),
       storage_(std::move(other.storage_)),
       storage_size_(other.storage_size_) {
   Bind();
@@ -54,6 +102,7 @@ Tensor& Tensor::operator=(Tensor&& other) noexcept {
   dtype_ = other.dtype_;
   shape_ = std::move(other.shape_);
   numel_ = other.numel_;
+  described_only_ = other.described_only_;
   storage_ = std::move(other.storage_);
   storage_size_ = other.storage_size_;
   Bind();
@@ -74,6 +123,7 @@ void Tensor::Bind() {
 }
 
 Tensor& Tensor::Uniform(const std::string& name, double lo, double hi) {
+  if (described_only_) return *this;
   std::mt19937_64 rng(std::hash<std::string>{}(name));
   std::uniform_real_distribution<double> dist(lo, hi);
   for (int64_t i = 0; i < numel_; ++i) set(i, dist(rng));
@@ -81,6 +131,7 @@ Tensor& Tensor::Uniform(const std::string& name, double lo, double hi) {
 }
 
 Tensor& Tensor::Fill(double v) {
+  if (described_only_) return *this;
   for (int64_t i = 0; i < numel_; ++i) set(i, v);
   return *this;
 }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <new>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -16,12 +17,39 @@
 
 namespace tefl::check {
 
+// Thrown by Tensor's constructor when the shape's bytes cannot be allocated
+// (more than fits in memory, or than a 64-bit size holds); the message names
+// the dtype, the shape and the bytes.
+struct TensorAllocError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// While a DescribeOnly is alive on this thread, Tensors are created for
+// describing a call, never for running one (`tefl explain`): their storage
+// is allocated but not written (no guard pattern, no zeroing), so pages never
+// touched are never faulted in; Uniform and Fill do nothing on them, and a
+// copy copies the bytes only of a small tensor (where set() wrote values that
+// matter, e.g. group sizes). Nestable.
+class DescribeOnly {
+ public:
+  DescribeOnly();
+  ~DescribeOnly();
+  DescribeOnly(const DescribeOnly&) = delete;
+  DescribeOnly& operator=(const DescribeOnly&) = delete;
+
+ private:
+  bool previous_;
+};
+// Whether a DescribeOnly is alive on this thread.
+bool DescribingOnly();
+
 // 64-byte aligned storage: data starts a whole guard (64 bytes) in, so it is
 // aligned as a framework's tensors are (torch's CPU allocator aligns to 64)
 // and kernels take the paths they take there (streaming stores need it).
 class Tensor {
  public:
   Tensor() = default;
+  // Throws TensorAllocError when the bytes cannot be allocated.
   Tensor(DType dtype, std::vector<int64_t> shape);
   Tensor(const Tensor& other);
   Tensor& operator=(const Tensor& other);
@@ -39,6 +67,9 @@ class Tensor {
   void* bytes() const { return storage_ ? storage_.get() + kGuard : nullptr; }
   size_t nbytes() const { return size_t(numel_) * size_t(dl_.dtype.bits / 8); }
 
+  // Created under DescribeOnly: the data was never initialised.
+  bool described_only() const { return described_only_; }
+
   // Uniform in [lo, hi) from a seed derived from `name` (deterministic).
   Tensor& Uniform(const std::string& name, double lo = -2.0, double hi = 1.0);
   Tensor& Fill(double v);
@@ -49,11 +80,14 @@ class Tensor {
 
  private:
   static constexpr size_t kGuard = 64;
+  // A described-only tensor's copy copies its bytes only up to this size.
+  static constexpr size_t kDescribedCopyLimit = size_t(1) << 16;
   void Allocate(size_t n);  // storage_ of n bytes, 64-byte aligned, uninitialised
   void Bind();
   DType dtype_ = DType::kF32;
   std::vector<int64_t> shape_;
   int64_t numel_ = 0;
+  bool described_only_ = false;
   // Copied with memcpy: a std::vector with an aligning allocator copies and
   // destroys byte by byte (allocator_traits::construct), which unoptimised
   // sanitizer builds run at a few ns per byte.

@@ -4,12 +4,15 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include "core/logging.h"
 
 namespace tefl {
 namespace {
@@ -139,13 +142,18 @@ class Pool {
 };
 
 int ConfiguredSize() {
+  unsigned hc = std::thread::hardware_concurrency();
+  const int fallback = hc ? int(hc) : 1;
   if (const char* v = std::getenv("TEFL_NUM_THREADS"); v && *v) {
     char* end = nullptr;
+    errno = 0;
     long n = std::strtol(v, &end, 10);
-    if (end && *end == '\0' && n >= 1 && n <= 1024) return int(n);
+    if (end && *end == '\0' && errno == 0 && n >= 1 && n <= 1024) return int(n);
+    // Malformed: one WARNING naming the value (docs/env.md), then the default.
+    TEFL_LOG(WARNING, "Ignoring TEFL_NUM_THREADS='{}': expected an integer 1..1024; using {} (hardware threads)", v,
+             fallback);
   }
-  unsigned hc = std::thread::hardware_concurrency();
-  return hc ? int(hc) : 1;
+  return fallback;
 }
 
 std::mutex g_pool_mu;

@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cmath>
+#include <string_view>
 
 #include "core/logging.h"
 
@@ -46,43 +48,45 @@ DType ParseDType(const std::string& text) {
   if (t == "fp32" || t == "f32" || t == "float32" || t == "float") return DType::kF32;
   if (t == "bf16" || t == "bfloat16") return DType::kBF16;
   if (t == "fp16" || t == "f16" || t == "float16" || t == "half") return DType::kF16;
-  throw CliError(fmt::format("unknown dtype '{}' (expected fp32, bf16 or fp16)", text));
+  throw UsageError(fmt::format("unknown dtype '{}' (expected fp32, bf16 or fp16)", text));
 }
 
 std::vector<int64_t> ParseShape(const std::string& text) {
-  std::vector<int64_t> shape;
-  std::string cur;
-  auto flush = [&](bool last) {
-    if (cur.empty()) {
-      if (last && !shape.empty()) return;
-      throw CliError(
-          fmt::format("malformed shape '{}' (expected sizes separated by commas or x, e.g. 8192,4096)", text));
-    }
-    size_t used = 0;
-    long long v = -1;
-    try {
-      v = std::stoll(cur, &used);
-    } catch (...) {
-      used = 0;
-    }
-    if (used != cur.size() || v < 0)
-      throw CliError(fmt::format("malformed shape '{}': '{}' is not a non-negative integer", text, cur));
-    shape.push_back(v);
-    cur.clear();
+  constexpr const char* kForm = "expected non-negative decimal sizes separated by commas, e.g. 8192,4096";
+  auto fail = [&](const std::string& why) {
+    throw UsageError(fmt::format("malformed shape '{}': {} ({})", text, why, kForm));
   };
-  std::string body = text;
-  if (!body.empty() && body.front() == '[') body.erase(0, 1);
-  if (!body.empty() && body.back() == ']') body.pop_back();
-  for (char c : body) {
-    if (c == ' ') continue;
-    if (c == ',' || c == 'x' || c == 'X') {
-      flush(false);
-    } else {
-      cur += c;
-    }
+  std::string_view body = text;
+  if (!body.empty() && body.front() == '[') {
+    if (body.back() != ']') fail("'[' without a closing ']'");
+    body = body.substr(1, body.size() - 2);
+  } else if (!body.empty() && body.back() == ']') {
+    fail("']' without an opening '['");
   }
-  flush(true);
-  if (shape.empty()) throw CliError(fmt::format("malformed shape '{}': no sizes", text));
+  std::vector<int64_t> shape;
+  int64_t elements = 1;
+  bool overflow = false;
+  size_t pos = 0;
+  while (true) {
+    size_t end = pos;
+    while (end < body.size() && body[end] != ',' && body[end] != 'x' && body[end] != 'X') ++end;
+    std::string_view field = body.substr(pos, end - pos);
+    while (!field.empty() && field.front() == ' ') field.remove_prefix(1);
+    while (!field.empty() && field.back() == ' ') field.remove_suffix(1);
+    if (field.empty()) fail(body.find_first_not_of(' ') == std::string_view::npos ? "no sizes" : "an empty size");
+    if (!std::all_of(field.begin(), field.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      fail(fmt::format("'{}' is not a non-negative decimal integer", field));
+    int64_t v = 0;
+    const auto [ptr, ec] = std::from_chars(field.data(), field.data() + field.size(), v);
+    if (ec != std::errc() || ptr != field.data() + field.size())
+      fail(fmt::format("size {} does not fit in 64 bits", field));
+    shape.push_back(v);
+    if (!overflow && __builtin_mul_overflow(elements, v, &elements)) overflow = true;
+    if (end == body.size()) break;
+    pos = end + 1;
+  }
+  if (overflow && std::find(shape.begin(), shape.end(), 0) == shape.end())
+    throw UsageError(fmt::format("shape '{}' has too many elements: their number does not fit in 64 bits", text));
   return shape;
 }
 
@@ -90,10 +94,56 @@ DLDeviceType ParseDevice(const std::string& text) {
   const std::string t = Lower(text);
   for (const DeviceNameEntry& d : kDevices)
     if (t == d.name) return DLDeviceType(d.type);
-  if (!t.empty() && std::all_of(t.begin(), t.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }))
-    return DLDeviceType(std::stoi(t));
-  throw CliError(fmt::format("unknown device '{}' (expected cpu, cuda, rocm, ... or a DLDeviceType number)", text));
+  if (!t.empty() &&
+      std::all_of(t.begin(), t.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); })) {
+    int v = 0;
+    const auto [ptr, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+    if (ec != std::errc() || ptr != t.data() + t.size() || v < 1 || v > 63)
+      throw UsageError(fmt::format("device number '{}' is out of range (DLDeviceType numbers are 1..63)", text));
+    return DLDeviceType(v);
+  }
+  throw UsageError(
+      fmt::format("unknown device '{}' (expected cpu, cuda, rocm, ... or a DLDeviceType number 1..63)", text));
 }
+
+double ValidateMinTime(double seconds) {
+  if (!std::isfinite(seconds) || seconds <= 0 || seconds > 3600)
+    throw UsageError(fmt::format("--min-time {} is out of range (expected seconds: a finite number > 0 and <= 3600)",
+                                 FormatDouble(seconds)));
+  return seconds;
+}
+
+std::string ShapeForm(const std::string& family) {
+  if (family == "gemm") return "M,K (2 sizes; N = K)";
+  if (family == "softmax") return "b,h,sq,sk (4 sizes)";
+  if (family == "rope") return "s,b,h,d (4 sizes)";
+  if (family == "attention") return "b,s,h,d (4 sizes)";
+  return "the main input's sizes, e.g. 8192,4096";
+}
+
+std::string PolicySummary(const SelectionPolicy& policy) {
+  std::string out = fmt::format("prefer={} strict={}", policy.prefer(), policy.strict() ? 1 : 0);
+  if (policy.allow_vendors()) {
+    std::string allow;
+    for (const std::string& v : *policy.allow_vendors()) allow += (allow.empty() ? "" : ",") + v;
+    out += " allow=" + (allow.empty() ? std::string("(none)") : allow);
+  }
+  if (!policy.deny_vendors().empty()) {
+    std::string deny;
+    for (const std::string& v : policy.deny_vendors()) deny += (deny.empty() ? "" : ",") + v;
+    out += " deny=" + deny;
+  }
+  std::string per_op;
+  for (const auto& [op, order] : policy.per_op_order()) {
+    std::string toks;
+    for (const PolicyToken& tok : order) toks += (toks.empty() ? "" : "|") + tok.ToString();
+    per_op += (per_op.empty() ? "" : "; ") + op + "=" + toks;
+  }
+  if (!per_op.empty()) out += " per_op=[" + per_op + "]";
+  return out;
+}
+
+std::string Plural(size_t n, const std::string& noun) { return fmt::format("{} {}{}", n, noun, n == 1 ? "" : "s"); }
 
 std::string DeviceName(int32_t device_type) {
   for (const DeviceNameEntry& d : kDevices)
@@ -117,8 +167,8 @@ const OpSchema& RequireOp(const std::string& name) {
     const size_t d = Distance(name, op.name);
     if (d < best_d) best_d = d, best = op.name;
   }
-  throw CliError(fmt::format("unknown op '{}'{} (`tefl ops` lists them)", name,
-                             best.empty() || best_d > 4 ? "" : "; did you mean '" + best + "'?"));
+  throw UsageError(fmt::format("unknown op '{}'{} (`tefl ops` lists them)", name,
+                               best.empty() || best_d > 4 ? "" : "; did you mean '" + best + "'?"));
 }
 
 std::vector<std::string> LoadPluginsOrThrow(const std::vector<std::string>& plugins) {
@@ -189,7 +239,7 @@ std::optional<check::Case> DefaultCase(const std::string& op, const check::GridO
   std::vector<check::Case> cases = check::BuiltinCases(op, o);
   if (cases.empty()) return std::nullopt;
   // The middle of the grid: a shape that is neither trivial nor the largest.
-  return cases[options.shape ? 0 : cases.size() / 2];
+  return std::move(cases[options.shape ? 0 : cases.size() / 2]);
 }
 
 bool StderrIsTerminal() { return isatty(2) != 0; }

@@ -22,6 +22,12 @@ using check::Tensor;
 struct CliError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+// Bad usage (an argument value that cannot be used: an unknown op, dtype or
+// device, a malformed shape, ...): one line "tefl: error: <what>" and exit
+// status 2.
+struct UsageError : CliError {
+  using CliError::CliError;
+};
 
 // Subcommands; each adds itself to the app.
 void AddOpsCommand(CLI::App& app);
@@ -31,16 +37,28 @@ void AddCheckCommand(CLI::App& app);
 void AddBenchCommand(CLI::App& app);
 void AddDemoCommand(CLI::App& app);
 
-// "bf16", "bfloat16", "fp32", "float32", "f16", ... Throws CliError.
+// "bf16", "bfloat16", "fp32", "float32", "f16", ... Throws UsageError.
 DType ParseDType(const std::string& text);
-// "8192,4096", "8192x4096" or "[8192, 4096]". Throws CliError.
+// Non-negative decimal sizes separated by commas: "8192,4096" (also
+// "8192x4096" and "[8192, 4096]"; spaces only around a separator). Every
+// size fits int64 and so does their product. Throws UsageError.
 std::vector<int64_t> ParseShape(const std::string& text);
-// "cpu", "cuda", "rocm", ... or a DLDeviceType number. Throws CliError.
+// "cpu", "cuda", "rocm", ... or a DLDeviceType number 1..63. Throws UsageError.
 DLDeviceType ParseDevice(const std::string& text);
+// A --min-time value: finite, > 0 and <= 3600 seconds. Throws UsageError.
+double ValidateMinTime(double seconds);
+// How the ops of a family read --shape/--size, e.g. "M,K (N = K)" for gemm.
+std::string ShapeForm(const std::string& family);
+// A policy for people, e.g. "prefer=flagos strict=0 deny=acme
+// per_op=[gelu=impl:x]": allow, deny and per_op only when set. (Not the
+// Fingerprint(), a length-prefixed key for interning.)
+std::string PolicySummary(const SelectionPolicy& policy);
+// "1 implementation", "3 implementations".
+std::string Plural(size_t n, const std::string& noun);
 std::string DeviceName(int32_t device_type);
 // Every device type in a mask, e.g. "cpu,cuda".
 std::string DeviceList(uint64_t mask);
-// The catalogue schema of an op name or alias. Throws CliError naming the
+// The catalogue schema of an op name or alias. Throws UsageError naming the
 // closest known op.
 const OpSchema& RequireOp(const std::string& name);
 

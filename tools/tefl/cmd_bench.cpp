@@ -148,38 +148,74 @@ void AddBenchCommand(CLI::App& app) {
   cmd->add_option("--op", args->ops, "Only this op (repeatable); default: every op with a built-in call");
   cmd->add_option("--impl", args->impls, "Only this implementation id (repeatable: side by side in one run)");
   cmd->add_option("--dtype", args->dtype, "Data dtype: fp32, bf16, fp16")->capture_default_str();
-  cmd->add_option("--size", args->size,
-                  "Shape of the main input (default per family: 4096,4096; softmax 2,16,1024,1024; rope "
-                  "2048,2,32,128; gemm 1024,1024 (M,K; N = K); attention 2,1024,16,64 (b,s,h,d))");
+  CLI::Option* size_opt =
+      cmd->add_option("--size", args->size,
+                      "Shape of the main input (default per family: 4096,4096; softmax 2,16,1024,1024; rope "
+                      "2048,2,32,128; gemm 1024,1024 (M,K; N = K); attention 2,1024,16,64 (b,s,h,d))");
   cmd->add_option("--min-time", args->min_time, "Seconds sampled per measurement")->capture_default_str();
   cmd->add_flag("--json", args->json, "Print JSON");
   cmd->add_option("--plot", args->plot, "Also draw a roofline-style chart (needs python3 with matplotlib)")
       ->type_name("FILE.png");
-  cmd->callback([args] {
+  cmd->callback([args, size_opt] {
+    // The arguments first: bad usage is reported before any plugin loads.
     const DType dtype = ParseDType(args->dtype);
     std::optional<std::vector<int64_t>> size;
-    if (!args->size.empty()) size = ParseShape(args->size);
-    GetDefaultManager().EnsureInitialized();
-    LoadPluginsOrThrow(args->plugins);
+    if (size_opt->count() > 0) size = ParseShape(args->size);  // given empty: an error
+    const double min_time = ValidateMinTime(args->min_time);
     std::vector<const OpSchema*> ops;
     for (const std::string& name : args->ops) ops.push_back(&RequireOp(name));
+    const bool ops_requested = !ops.empty();
     if (ops.empty())
       for (const OpSchema& op : AllOps())
         if (op.name) ops.push_back(&op);
+    GetDefaultManager().EnsureInitialized();
+    LoadPluginsOrThrow(args->plugins);
+    for (const std::string& id : args->impls) {
+      bool registered = false;
+      for (const OpSchema& op : AllOps())
+        for (const OpImpl& impl : op.name ? GetDefaultRegistry().GetImplementations(op.name) : std::vector<OpImpl>{})
+          registered = registered || impl.impl_id == id;
+      if (!registered) throw CliError(fmt::format("no implementation '{}' is registered", id));
+    }
 
-    const double copy_bps = MeasureCopyBandwidth(args->min_time, CopyKind::kMemcpy);
-    const double stream_bps = kHaveStreamingCopy ? MeasureCopyBandwidth(args->min_time, CopyKind::kStreaming) : 0;
+    const double copy_bps = MeasureCopyBandwidth(min_time, CopyKind::kMemcpy);
+    const double stream_bps = kHaveStreamingCopy ? MeasureCopyBandwidth(min_time, CopyKind::kStreaming) : 0;
     const bool progress = StderrIsTerminal() && !args->json;
     nlohmann::json rows = nlohmann::json::array();
     Table t({"op", "impl", "dtype", "shape", "time", "GB/s", "% of copy", "% of NT copy", "note"});
+    // Rows asked for that could not be run: the table shows each with its
+    // reason, and the command then fails (exit status 1).
+    std::vector<std::string> not_run;
+    auto add_not_run = [&](const std::string& op, const std::string& impl, const std::string& dt,
+                           const std::string& shape, const std::string& why) {
+      t.Add({op, impl, dt, shape, "-", "-", "-", "-", "not run: " + why});
+      rows.push_back({{"op", op}, {"impl", impl}, {"dtype", dt}, {"shape", shape}, {"error", why}});
+      not_run.push_back(fmt::format("{} {}: {}", op, impl, why));
+    };
     for (const OpSchema* op : ops) {
       check::GridOptions o;
       o.dtype = dtype;
       o.shape = size ? *size : DefaultSize(op->family);
       o.first_only = true;  // one call per op: the first case of the grid at this shape
-      std::vector<check::Case> cases = check::BuiltinCases(op->name, o);
-      if (cases.empty()) continue;
+      const std::string shape_text = check::cases_internal::ShapeString(*o.shape);
+      std::vector<check::Case> cases;
+      try {
+        cases = check::BuiltinCases(op->name, o);
+      } catch (const check::TensorAllocError& e) {
+        add_not_run(op->name, "-", DTypeName(dtype), shape_text, e.what());
+        continue;
+      }
+      if (cases.empty()) {
+        // Every op when none was named: those without a built-in call are
+        // not benchmarks anyone asked for.
+        if (ops_requested)
+          add_not_run(op->name, "-", DTypeName(dtype), shape_text,
+                      fmt::format("no call with dtype {} and shape {} can be built ({} ops take --size {})",
+                                  DTypeName(dtype), shape_text, op->family, ShapeForm(op->family)));
+        continue;
+      }
       check::Case& c = cases.front();
+      size_t op_rows = 0;
       double bytes = 0;
       for (const auto& in : c.inputs)
         if (in) bytes += double(in->nbytes());
@@ -190,6 +226,7 @@ void AddBenchCommand(CLI::App& app) {
             std::find(args->impls.begin(), args->impls.end(), impl.impl_id) == args->impls.end())
           continue;
         if (!(impl.device_mask & TEFL_DEVICE_BIT(kDLCPU))) continue;
+        ++op_rows;
         if (args->impls.empty() && impl.kind == BackendImplKind::REFERENCE && ReferenceTooSlow(op->family)) {
           const std::string why = "not timed: naive loops at this size (--impl " + impl.impl_id + " times it)";
           t.Add({op->name, impl.impl_id, c.dtype, c.shape, "-", "-", "-", "-", why});
@@ -206,9 +243,7 @@ void AddBenchCommand(CLI::App& app) {
         nlohmann::json row = {{"op", op->name},   {"impl", impl.impl_id}, {"dtype", c.dtype},
                               {"shape", c.shape}, {"bytes", bytes},       {"copy_gbps", copy_bps / 1e9}};
         if (!first.ok()) {
-          row["error"] = first.message();
-          t.Add({op->name, impl.impl_id, c.dtype, c.shape, "-", "-", "-", "-", "not run: " + first.message()});
-          rows.push_back(row);
+          add_not_run(op->name, impl.impl_id, c.dtype, c.shape, first.message());
           continue;
         }
         // The pinned policy is built once; each sample is one call.
@@ -216,7 +251,7 @@ void AddBenchCommand(CLI::App& app) {
         (void)SelectionPolicy::Make("flagos", true, {{op->name, {"impl:" + impl.impl_id}}}, {}, std::nullopt, &pinned);
         PolicyContext ctx(pinned);
         OpManager& mgr = GetDefaultManager();
-        const double s = MedianSeconds([&] { (void)mgr.Call(op->id, in, out, c.attrs_ptr()); }, args->min_time);
+        const double s = MedianSeconds([&] { (void)mgr.Call(op->id, in, out, c.attrs_ptr()); }, min_time);
         const double gbps = bytes / s / 1e9;
         const double pct = 100.0 * bytes / s / copy_bps;
         row["seconds"] = s;
@@ -232,7 +267,17 @@ void AddBenchCommand(CLI::App& app) {
                s < 1e-3 ? fmt::format("{:.1f} us", s * 1e6) : fmt::format("{:.3f} ms", s * 1e3),
                fmt::format("{:.1f}", gbps), fmt::format("{:.0f}%", pct), pct_stream, c.note});
       }
+      // An op asked for by --op and left without a row. (With every op, only
+      // a run that found nothing at all fails.)
+      if (op_rows == 0 && ops_requested) {
+        std::string impls;
+        for (const std::string& id : args->impls) impls += (impls.empty() ? "" : ", ") + id;
+        add_not_run(
+            op->name, "-", c.dtype, c.shape,
+            args->impls.empty() ? "no implementation of it runs on the CPU" : "not implemented on the CPU by " + impls);
+      }
     }
+    if (rows.empty()) not_run.push_back("nothing to run: no implementation matches the --op and --impl filters");
     if (progress) std::fprintf(stderr, "\r\033[K");
     const char* target = backends::PortableTargetName();
     nlohmann::json j = {
@@ -244,9 +289,9 @@ void AddBenchCommand(CLI::App& app) {
       const std::string nt = stream_bps > 0
                                  ? fmt::format("; with non-temporal stores (NT copy): {:.1f} GB/s", stream_bps / 1e9)
                                  : std::string("; NT copy: not measured on this CPU");
-      std::printf(
-          "copy bandwidth (parallel memcpy, 256 MiB, %d threads): %.1f GB/s%s; default.portable's CPU target: %s\n%s",
-          ThreadPoolSize(), copy_bps / 1e9, nt.c_str(), target, t.ToString().c_str());
+      std::printf("copy bandwidth (parallel memcpy, 256 MiB, %s): %.1f GB/s%s; default.portable's CPU target: %s\n%s",
+                  Plural(size_t(ThreadPoolSize()), "thread").c_str(), copy_bps / 1e9, nt.c_str(), target,
+                  t.ToString().c_str());
     }
     if (!args->plot.empty()) {
       const std::string script = PlotScript();
@@ -275,6 +320,9 @@ void AddBenchCommand(CLI::App& app) {
       }
       if (!args->json) std::printf("chart written to %s\n", args->plot.c_str());
     }
+    if (!not_run.empty())
+      throw CliError(
+          fmt::format("{} could not be run; first: {}", Plural(not_run.size(), "requested row"), not_run.front()));
   });
 }
 

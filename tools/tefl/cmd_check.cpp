@@ -31,19 +31,20 @@ void AddCheckCommand(CLI::App& app) {
   cmd->add_option("--device", args->device,
                   "Only implementations serving this device type (cpu, cuda, ...); default: each on its first device");
   cmd->add_option("--dtype", args->dtype, "Only this data dtype (fp32, bf16, fp16)");
-  cmd->add_option("--shape", args->shape, "Only this main-input shape instead of the grid's");
+  CLI::Option* shape = cmd->add_option("--shape", args->shape, "Only this main-input shape instead of the grid's");
   cmd->add_flag("--json", args->json, "Print JSON (every result and the summary)");
   cmd->add_flag("--quiet", args->quiet, "Print only FAIL lines and the summary");
-  cmd->callback([args] {
-    GetDefaultManager().EnsureInitialized();
-    const std::vector<std::string> plugin_paths = LoadPluginsOrThrow(args->plugins);
+  cmd->callback([args, shape] {
+    // The arguments first: bad usage is reported before any plugin loads.
     check::GridOptions o;
     if (!args->dtype.empty()) o.dtype = ParseDType(args->dtype);
-    if (!args->shape.empty()) o.shape = ParseShape(args->shape);
+    if (shape->count() > 0) o.shape = ParseShape(args->shape);  // given empty: an error
     std::optional<DLDeviceType> device;
     if (!args->device.empty()) device = ParseDevice(args->device);
     std::vector<const OpSchema*> ops;
     for (const std::string& name : args->ops) ops.push_back(&RequireOp(name));
+    GetDefaultManager().EnsureInitialized();
+    const std::vector<std::string> plugin_paths = LoadPluginsOrThrow(args->plugins);
     if (ops.empty())
       for (const OpSchema& op : AllOps())
         if (op.name) ops.push_back(&op);
@@ -140,8 +141,8 @@ void AddCheckCommand(CLI::App& app) {
       std::printf("%s\n", j.dump(2).c_str());
     } else {
       std::printf("%s", t.ToString().c_str());
-      std::printf("summary: %zu passed, %zu failed, %zu declined (%zu cases, %zu implementations%s)\n", pass, fail,
-                  declined, results.size(), items.size(),
+      std::printf("summary: %zu passed, %zu failed, %zu declined (%s, %s%s)\n", pass, fail, declined,
+                  Plural(results.size(), "case").c_str(), Plural(items.size(), "implementation").c_str(),
                   no_grid ? fmt::format("; {} without a built-in grid", no_grid).c_str() : "");
     }
     if (fail > 0) {

@@ -327,7 +327,7 @@ void AddDemoCommand(CLI::App& app) {
     Config cfg = args->cfg;
     cfg.dtype = ParseDType(args->dtype);
     if (cfg.hidden % cfg.heads != 0 || cfg.head_dim() % 2 != 0)
-      throw CliError(fmt::format("--heads {} must divide --hidden {} into an even head dim", cfg.heads, cfg.hidden));
+      throw UsageError(fmt::format("--heads {} must divide --hidden {} into an even head dim", cfg.heads, cfg.hidden));
     GetDefaultManager().EnsureInitialized();
     LoadPluginsOrThrow(args->plugins);
     Layer layer(cfg);
@@ -374,10 +374,11 @@ void AddDemoCommand(CLI::App& app) {
       return;
     }
     std::printf("tefl demo: one transformer layer, forward + backward\n");
-    std::printf("  batch %lld x seq %lld tokens, hidden %lld, %lld heads of %lld, ffn %lld (SwiGLU), %s, %d threads\n",
+    std::printf("  batch %lld x seq %lld tokens, hidden %lld, %lld heads of %lld, ffn %lld (SwiGLU), %s, %s\n",
                 (long long)cfg.batch, (long long)cfg.seq, (long long)cfg.hidden, (long long)cfg.heads,
-                (long long)cfg.head_dim(), (long long)cfg.ffn, args->dtype.c_str(), ThreadPoolSize());
-    std::printf("  policy %s\n\n%s\n", GetPolicy().Fingerprint().c_str(), t.ToString().c_str());
+                (long long)cfg.head_dim(), (long long)cfg.ffn, args->dtype.c_str(),
+                Plural(size_t(ThreadPoolSize()), "thread").c_str());
+    std::printf("  policy %s\n\n%s\n", PolicySummary(GetPolicy()).c_str(), t.ToString().c_str());
     std::printf("'demo code': the residual adds are the demo's own plain loops (tefl has no add op).\n");
     std::printf("layer forward + backward: %.1f ms, %.0f tokens/s\n", seconds * 1e3, tokens_per_s);
   });

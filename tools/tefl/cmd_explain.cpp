@@ -1,9 +1,13 @@
 // tefl explain OP [--dtype] [--shape] [--device] [--json]: the full
-// resolution of one call under the policy in force.
+// resolution of one call under the policy in force. Exit status 1 when the
+// call cannot be resolved (an error, or no candidate accepts it).
 #include <fmt/format.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <set>
+#include <string>
+#include <vector>
 
 #include "cli_support.h"
 
@@ -26,25 +30,32 @@ void AddExplainCommand(CLI::App& app) {
       "explain", "Show how a call would be resolved: the policy and where it came from, every candidate, and why");
   cmd->add_option("op", args->op, "The op (a name or alias)")->required();
   cmd->add_option("--dtype", args->dtype, "Data dtype of the call: fp32, bf16, fp16")->capture_default_str();
-  cmd->add_option("--shape", args->shape, "Shape of the op's main input, e.g. 8192,4096 (default: a mid-grid shape)");
+  CLI::Option* shape = cmd->add_option("--shape", args->shape,
+                                       "Shape of the op's main input, e.g. 8192,4096 (default: a mid-grid shape)");
   cmd->add_option("--device", args->device, "Device of the call's tensors: cpu, cuda, ...")->capture_default_str();
   AddPluginOption(cmd, &args->plugins);
   cmd->add_flag("--json", args->json, "Print JSON");
-  cmd->callback([args] {
+  cmd->callback([args, shape] {
     const OpSchema& op = RequireOp(args->op);
     check::GridOptions o;
     o.dtype = ParseDType(args->dtype);
-    if (!args->shape.empty()) o.shape = ParseShape(args->shape);
+    if (shape->count() > 0) o.shape = ParseShape(args->shape);  // given empty: an error
     const DLDeviceType device = ParseDevice(args->device);
+    // Explain never runs a kernel: the tensors only describe the call, so
+    // they are allocated but never written (a big shape costs no time and
+    // no memory), and only the one case shown is built.
+    o.describe_only = true;
+    o.first_only = o.shape.has_value();
     GetDefaultManager().EnsureInitialized();
     LoadPluginsOrThrow(args->plugins);
     std::optional<check::Case> c = DefaultCase(op.name, o);
     if (!c)
-      throw CliError(fmt::format("no call of {} with dtype {}{} can be built (the op has no built-in call for it)",
-                                 op.name, args->dtype, args->shape.empty() ? "" : " and shape " + args->shape));
+      throw CliError(fmt::format("no call of {} with dtype {}{} can be built ({})", op.name, args->dtype,
+                                 !o.shape ? "" : " and shape " + args->shape,
+                                 !o.shape ? "the op has no built-in call for it"
+                                          : fmt::format("{} ops take --shape {}", op.family, ShapeForm(op.family))));
     std::vector<const DLTensor*> in = c->InputPtrs();
     std::vector<DLTensor*> out = c->OutputPtrs();
-    // Explain never runs a kernel: the tensors only describe the call.
     std::vector<DLTensor> din, dout;
     din.reserve(in.size());
     dout.reserve(out.size());
@@ -55,6 +66,7 @@ void AddExplainCommand(CLI::App& app) {
       t = &din.back();
     }
     for (DLTensor*& t : out) {
+      if (!t) continue;  // an optional output this call does not pass
       dout.push_back(*t);
       dout.back().device = DLDevice{device, 0};
       t = &dout.back();
@@ -67,8 +79,24 @@ void AddExplainCommand(CLI::App& app) {
     // Where each part of the policy came from (a variable, or "code"); parts
     // left at their defaults are not listed.
     nlohmann::json sources = nlohmann::json::object();
+    std::set<std::string> used;
     for (const auto& [k, v] : policy.sources())
-      if (v != "default") sources[k] = v;
+      if (v != "default") sources[k] = v, used.insert(v);
+    // Variables set (not empty) that the policy took nothing from: malformed
+    // (the WARNING above says why) or overridden (TE_FL_PREFER_VENDOR under
+    // TE_FL_PREFER).
+    std::vector<std::string> ignored;
+    for (const char* v : kPolicyVars) {
+      const char* val = std::getenv(v);
+      if (val && *val && !used.count(v)) ignored.push_back(fmt::format("{}={}", v, val));
+    }
+    // A call that cannot be resolved is this command's failure (exit 1),
+    // reported after the resolution that shows why.
+    const std::string failure =
+        !r.error.empty() ? r.error : (r.chain.empty() ? r.op_name + ": no candidate accepts the call" : std::string());
+    auto fail_if_unresolved = [&] {
+      if (!failure.empty()) throw CliError("cannot resolve the call: " + failure);
+    };
     if (args->json) {
       nlohmann::json j = {{"op", r.op_name},
                           {"call", c->dtype + " " + c->shape},
@@ -77,6 +105,7 @@ void AddExplainCommand(CLI::App& app) {
                           {"policy", r.policy},
                           {"policy_sources", sources},
                           {"environment", env},
+                          {"ignored_variables", ignored},
                           {"order", r.order},
                           {"chain", r.chain},
                           {"error", r.error}};
@@ -90,24 +119,25 @@ void AddExplainCommand(CLI::App& app) {
                                    {"demoted", cr.demoted},
                                    {"reason", cr.reason}});
       std::printf("%s\n", j.dump(2).c_str());
+      fail_if_unresolved();
       return;
     }
     std::printf("op         %s (%s)\n", r.op_name.c_str(), op.family);
     std::printf("call       %s %s on %s%s\n", c->dtype.c_str(), c->shape.c_str(), DeviceName(device).c_str(),
                 c->note.empty() ? "" : (" (" + c->note + ")").c_str());
     std::printf("signature  %s\n", r.signature.c_str());
-    std::printf("policy     prefer=%s strict=%d%s%s\n", policy.prefer().c_str(), policy.strict() ? 1 : 0,
-                policy.allow_vendors() ? " allow_vendors=set" : "",
-                policy.deny_vendors().empty() ? "" : " deny_vendors=set");
-    if (sources.empty()) {
+    std::printf("policy     %s\n", PolicySummary(policy).c_str());
+    if (sources.empty() && ignored.empty())
       std::printf("           (defaults: no TE_FL_* policy variable is set)\n");
-    } else {
-      for (const auto& [k, v] : policy.sources()) {
-        if (v == "default") continue;
-        const char* val = std::getenv(v.c_str());
-        std::printf("           %s from %s%s\n", k.c_str(), v.c_str(), val ? (std::string("=") + val).c_str() : "");
-      }
+    else if (sources.empty())
+      std::printf("           (defaults: every TE_FL_* policy variable set was ignored)\n");
+    for (const auto& [k, v] : policy.sources()) {
+      if (v == "default") continue;
+      const char* val = std::getenv(v.c_str());
+      std::printf("           %s from %s%s\n", k.c_str(), v.c_str(), val ? (std::string("=") + val).c_str() : "");
     }
+    for (const std::string& var : ignored)
+      std::printf("           ignored: %s (malformed or overridden; see the WARNING)\n", var.c_str());
     std::string order;
     for (const std::string& tok : r.order) order += (order.empty() ? "" : " > ") + tok;
     std::printf("order      %s\n", order.c_str());
@@ -125,6 +155,7 @@ void AddExplainCommand(CLI::App& app) {
     for (const std::string& id : r.chain) chain += (chain.empty() ? "" : " -> ") + id;
     std::printf("chain      %s\n", chain.empty() ? "(empty)" : chain.c_str());
     if (!r.error.empty()) std::printf("error      %s\n", r.error.c_str());
+    fail_if_unresolved();
   });
 }
 

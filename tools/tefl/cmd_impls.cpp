@@ -12,7 +12,9 @@ namespace {
 // The implementation the policy in force picks first for the op's default
 // call (float32, a mid-grid shape), or "" when the op has no built-in call.
 std::string PickedFor(const OpSchema& op, std::string* call) {
-  std::optional<check::Case> c = DefaultCase(op.name, {});
+  check::GridOptions o;
+  o.describe_only = true;  // never run: allocated, not filled
+  std::optional<check::Case> c = DefaultCase(op.name, o);
   if (!c) return "";
   *call = c->dtype + " " + c->shape;
   const Resolution r = GetDefaultManager().Explain(op.id, c->InputPtrs(), c->OutputPtrs(), c->attrs_ptr());
@@ -74,9 +76,9 @@ void AddImplsCommand(CLI::App& app) {
     }
     std::printf("%s", t.ToString().c_str());
     std::printf(
-        "%zu implementations of %zu ops; policy %s\n'picked': the first candidate for a default float32 call "
+        "%s of %s; policy %s\n'picked': the first candidate for a default float32 call "
         "(`tefl explain OP` shows why)\n",
-        count, ops.size(), GetPolicy().Fingerprint().c_str());
+        Plural(count, "implementation").c_str(), Plural(ops.size(), "op").c_str(), PolicySummary(GetPolicy()).c_str());
   });
 }
 

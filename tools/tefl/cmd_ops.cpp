@@ -119,7 +119,7 @@ void AddOpsCommand(CLI::App& app) {
     } else {
       for (const OpSchema& op : AllOps())
         if (op.name && (args->family.empty() || args->family == op.family)) ops.push_back(&op);
-      if (ops.empty()) throw CliError(fmt::format("no op of family '{}'", args->family));
+      if (ops.empty()) throw UsageError(fmt::format("no op of family '{}'", args->family));
     }
     if (args->json) {
       nlohmann::json arr = nlohmann::json::array();

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <new>
 #include <string>
 
 #include "cli_support.h"
@@ -42,9 +43,17 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;
+  } catch (const tefl::cli::UsageError& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "tefl: error: %s\n", e.what());
+    return 2;
   } catch (const tefl::cli::CliError& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "tefl: error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "tefl: error: out of memory\n");
     return 1;
   } catch (const std::exception& e) {
     std::fflush(stdout);
