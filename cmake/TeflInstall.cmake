@@ -12,21 +12,20 @@ set(TEFL_INSTALL_CMAKEDIR "${CMAKE_INSTALL_LIBDIR}/cmake/tefl" CACHE STRING
     "Where the tefl CMake package files are installed (relative to the prefix)")
 set(TEFL_INSTALL_PLUGINDIR "${CMAKE_INSTALL_LIBDIR}/tefl/plugins")
 
-# The plugin loader's built-in search directory, defined on the loader's one
-# source file only: a define on every source put the install prefix into every
-# compile command, and scikit-build-core installs into a fresh temporary
-# prefix per build, so each `pip install .` recompiled the whole library and
-# no object could be shared with another build (ccache).
+# The plugin loader's built-in search directory, found at run time next to
+# the libtefl that is loaded (dladdr), so that it follows the prefix actually
+# installed to (`cmake --install <dir> --prefix P`, a relocated tree), not the
+# one configured: <libdir>/tefl/plugins, where <libdir> holds libtefl.so. The
+# Python wheel puts libtefl in the package directory, its plugins in
+# `plugins` beside it. Defined on the loader's one source file only: a define
+# on every source put a path into every compile command (ccache misses).
 set(plugin_loader_source ${PROJECT_SOURCE_DIR}/src/core/plugin_loader.cpp)
 if(SKBUILD)
-  # The Python wheel installs libtefl into the package directory; its plugin
-  # directory is `plugins` next to the library, found at run time (the
-  # install prefix above is a temporary staging directory).
   set_property(SOURCE ${plugin_loader_source} APPEND PROPERTY COMPILE_DEFINITIONS
                TEFL_PLUGIN_DIR_BESIDE_LIBRARY="plugins")
 else()
   set_property(SOURCE ${plugin_loader_source} APPEND PROPERTY COMPILE_DEFINITIONS
-               TEFL_INSTALL_PLUGIN_DIR="${CMAKE_INSTALL_FULL_LIBDIR}/tefl/plugins")
+               TEFL_PLUGIN_DIR_BESIDE_LIBRARY="tefl/plugins")
 endif()
 
 install(TARGETS tefl EXPORT teflTargets

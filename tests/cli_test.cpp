@@ -164,6 +164,17 @@ TEST(Cli, ImplsShowsThePolicysPick) {
   EXPECT_TRUE(found);
 }
 
+TEST(Cli, PluginLogLinesShowWhenTheLogLevelIsAskedFor) {
+  // By default a --plugin's load is reported by the command itself (no loader
+  // lines); with TEFL_LOG_LEVEL set, the loader's and plugin's lines show.
+  Result quiet = Tefl("impls rmsnorm_fwd --plugin " + Plugin("testgood"));
+  EXPECT_EQ(quiet.code, 0) << quiet.err;
+  EXPECT_EQ(quiet.err.find("Loaded plugin"), std::string::npos) << quiet.err;
+  Result loud = Tefl("impls rmsnorm_fwd --plugin " + Plugin("testgood"), "TEFL_LOG_LEVEL=INFO");
+  EXPECT_EQ(loud.code, 0) << loud.err;
+  EXPECT_NE(loud.err.find("INFO] Loaded plugin 'testgood'"), std::string::npos) << loud.err;
+}
+
 TEST(Cli, ExplainGivesEveryRejectionReason) {
   const Result r = Tefl("explain rmsnorm_fwd --dtype bf16 --json --plugin " + Plugin("testgood"),
                         "TE_FL_PER_OP='rmsnorm_fwd=vendor|flagos'");

@@ -81,4 +81,18 @@ checker="$bin_dir/tests/plugin_load_check"
   fail "$checker is missing: build the plugin_load_check target (tests/CMakeLists.txt) before running this test"
 TE_FL_PLUGIN_MODULES="$so" TE_FL_PREFER=vendor "$checker" "$so"
 
+step "the installed tefl: runs without LD_LIBRARY_PATH, finds plugins in <libdir>/tefl/plugins"
+# The prefix is not the configured one (cmake --install --prefix): the
+# command's RPATH and libtefl's plugin directory are both relative to where
+# they were installed.
+tefl_cmd="$prefix/bin/tefl"
+[[ -x "$tefl_cmd" ]] || fail "the tefl command is not installed at $tefl_cmd"
+cp "$so" "$libdir/tefl/plugins/"
+listed=$(env -u LD_LIBRARY_PATH -u TE_FL_PLUGIN_MODULES -u TE_FL_PLUGIN_PATH "$tefl_cmd" impls rmsnorm_fwd) ||
+  fail "the installed tefl did not run: $listed"
+echo "$listed"
+[[ "$listed" == *"vendor.myvendor"*"$libdir/tefl/plugins/libtefl_plugin_myvendor.so"* ]] ||
+  fail "the installed tefl did not discover the plugin copied into $libdir/tefl/plugins"
+rm "$libdir/tefl/plugins/libtefl_plugin_myvendor.so"
+
 step "PASS"

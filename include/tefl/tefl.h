@@ -68,6 +68,9 @@ typedef enum tefl_status_code {
 
 typedef struct tefl_status tefl_status; /* opaque; NULL == success */
 
+/* A new status the caller owns (free it, or return it to tefl, which then
+ * owns it). TEFL_OK gives NULL: success has no status object, so a kernel
+ * returning status_new(TEFL_OK, ...) has succeeded. message may be NULL. */
 TEFL_API tefl_status* tefl_status_new(int32_t code, const char* message);
 TEFL_API int32_t tefl_status_code_of(const tefl_status* status);
 /* Never NULL; "" for a NULL status. Valid until the status is freed. */
@@ -228,12 +231,27 @@ TEFL_STATIC_ASSERT(offsetof(tefl_registrar, register_device_runtime) == 24, "app
 #define TEFL_REGISTRAR_STRUCT_SIZE TEFL_STRUCT_SIZE(tefl_registrar, register_device_runtime)
 
 /* ---- Plugin entry points ----------------------------------------------
- * A plugin shared library exports both symbols:
- *   const tefl_plugin_metadata* tefl_plugin_info(void);
- *   tefl_status* tefl_plugin_register(const tefl_host_services*,
- *                                     const tefl_registrar*);
- * Registration is transactional: if the register function returns an error
- * (or any registration it made fails) nothing of the plugin remains. */
+ * A plugin shared library exports both symbols, declared below (so that a
+ * plugin's definitions are checked against them) and marked
+ * TEFL_PLUGIN_EXPORT, which exports them even from a plugin built with
+ * hidden visibility (-fvisibility=hidden, as a plugin should be):
+ *   TEFL_PLUGIN_EXPORT const tefl_plugin_metadata* tefl_plugin_info(void) { ... }
+ *   TEFL_PLUGIN_EXPORT tefl_status* tefl_plugin_register(
+ *       const tefl_host_services* host, const tefl_registrar* registrar) { ... }
+ * In C++ they are noexcept: nothing may be thrown across this C boundary.
+ * libtefl itself defines neither. Registration is transactional: if the
+ * register function returns an error (or any registration it made fails)
+ * nothing of the plugin remains. */
+#if defined(_WIN32)
+#define TEFL_PLUGIN_EXPORT __declspec(dllexport)
+#else
+#define TEFL_PLUGIN_EXPORT __attribute__((visibility("default")))
+#endif
+#ifdef __cplusplus
+#define TEFL_PLUGIN_NOEXCEPT noexcept
+#else
+#define TEFL_PLUGIN_NOEXCEPT
+#endif
 typedef struct tefl_plugin_metadata {
   size_t struct_size;
   const char* name;
@@ -250,6 +268,9 @@ TEFL_STATIC_ASSERT(offsetof(tefl_plugin_metadata, abi_major) == 32, "append-only
 #define TEFL_PLUGIN_REGISTER_SYMBOL "tefl_plugin_register"
 typedef const tefl_plugin_metadata* (*tefl_plugin_info_fn)(void);
 typedef tefl_status* (*tefl_plugin_register_fn)(const tefl_host_services* host, const tefl_registrar* registrar);
+TEFL_PLUGIN_EXPORT const tefl_plugin_metadata* tefl_plugin_info(void) TEFL_PLUGIN_NOEXCEPT;
+TEFL_PLUGIN_EXPORT tefl_status* tefl_plugin_register(const tefl_host_services* host,
+                                                     const tefl_registrar* registrar) TEFL_PLUGIN_NOEXCEPT;
 
 /* ---- Calling ops from C ---------------------------------------------------
  * Validates the call against the op's schema, resolves the implementation

@@ -331,9 +331,11 @@ Status LoadPlugin(std::string_view name_or_path, OpRegistry& registry);
 void LoadConfiguredPlugins(OpRegistry& registry);
 // Every plugin this process tried, in order.
 std::vector<PluginReport> PluginReports();
-// Where installed plugins are discovered: <libdir>/tefl/plugins of the
-// install prefix; for the Python package, `plugins` next to its libtefl
-// (tefl/plugins in site-packages). "" if the build set none.
+// Where installed plugins are discovered: tefl/plugins in the directory of
+// the libtefl.so that is loaded (<prefix>/<libdir>/tefl/plugins once
+// installed, wherever the tree was installed or moved to); for the Python
+// package, `plugins` next to its libtefl (tefl/plugins in site-packages).
+// "" if it cannot be determined.
 std::string InstalledPluginDir();
 
 // The process's default registry and manager (created on first use).

@@ -19,8 +19,6 @@
 #include <tefl/ops.h>
 #include <tefl/tefl.h>
 
-#define MYVENDOR_EXPORT __attribute__((visibility("default")))
-
 /* ---- Helpers ------------------------------------------------------------ */
 
 static int is_f32(const DLTensor* t) {
@@ -166,14 +164,14 @@ static tefl_status* myvendor_rmsnorm_fwd(const tefl_call_frame* frame, void* use
 
 /* ---- Entry points ----------------------------------------------------------- */
 
-MYVENDOR_EXPORT const tefl_plugin_metadata* tefl_plugin_info(void) {
+TEFL_PLUGIN_EXPORT const tefl_plugin_metadata* tefl_plugin_info(void) {
   static const tefl_plugin_metadata info = {
       TEFL_PLUGIN_METADATA_STRUCT_SIZE, "myvendor", "1.0.0", "myvendor", TEFL_ABI_MAJOR, TEFL_ABI_MINOR,
   };
   return &info;
 }
 
-MYVENDOR_EXPORT tefl_status* tefl_plugin_register(const tefl_host_services* host, const tefl_registrar* registrar) {
+TEFL_PLUGIN_EXPORT tefl_status* tefl_plugin_register(const tefl_host_services* host, const tefl_registrar* registrar) {
   /* The host checked tefl_plugin_info's ABI version before calling. */
   if (registrar == NULL || registrar->struct_size < TEFL_STRUCT_SIZE(tefl_registrar, register_impl))
     return host->status_new(TEFL_INVALID_ARGUMENT, "myvendor: the registrar has no register_impl");

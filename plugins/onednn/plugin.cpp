@@ -12,17 +12,16 @@
 // tefl status.
 #include "common.h"
 
-#define ONEDNN_PLUGIN_EXPORT extern "C" __attribute__((visibility("default")))
-
-ONEDNN_PLUGIN_EXPORT const tefl_plugin_metadata* tefl_plugin_info(void) noexcept {
+// Declared extern "C" and noexcept by tefl/tefl.h.
+TEFL_PLUGIN_EXPORT const tefl_plugin_metadata* tefl_plugin_info(void) noexcept {
   static const tefl_plugin_metadata info = {
       TEFL_PLUGIN_METADATA_STRUCT_SIZE, "onednn", "1.1.0", "onednn", TEFL_ABI_MAJOR, TEFL_ABI_MINOR,
   };
   return &info;
 }
 
-ONEDNN_PLUGIN_EXPORT tefl_status* tefl_plugin_register(const tefl_host_services* host,
-                                                       const tefl_registrar* registrar) noexcept {
+TEFL_PLUGIN_EXPORT tefl_status* tefl_plugin_register(const tefl_host_services* host,
+                                                     const tefl_registrar* registrar) noexcept {
   try {
     if (registrar == nullptr || registrar->struct_size < TEFL_STRUCT_SIZE(tefl_registrar, register_impl))
       return host->status_new(TEFL_INVALID_ARGUMENT, "onednn: the registrar has no register_impl");

@@ -169,7 +169,11 @@ void LoadFile(const std::string& path, OpRegistry& registry, PluginReport& repor
   if (info_fn == nullptr) return fail("missing entry symbol " TEFL_PLUGIN_INFO_SYMBOL);
   if (register_fn == nullptr) return fail("missing entry symbol " TEFL_PLUGIN_REGISTER_SYMBOL);
   const tefl_plugin_metadata* info = info_fn();
-  if (info == nullptr || info->struct_size < TEFL_PLUGIN_METADATA_STRUCT_SIZE || info->name == nullptr) {
+  // ABI 1.0's metadata ends at abi_minor: a plugin built against 1.0 must
+  // keep loading when later minors append fields (read only when its
+  // struct_size covers them), so the minimum is that, not this header's size.
+  if (info == nullptr || info->struct_size < TEFL_STRUCT_SIZE(tefl_plugin_metadata, abi_minor) ||
+      info->name == nullptr) {
     return fail("tefl_plugin_info() returned no usable info (NULL, struct_size too small or no name)");
   }
   report.name = info->name;
@@ -274,9 +278,7 @@ void LogReport(const PluginReport& r) {
 }  // namespace
 
 std::string InstalledPluginDir() {
-#if defined(TEFL_INSTALL_PLUGIN_DIR)
-  return TEFL_INSTALL_PLUGIN_DIR;
-#elif defined(TEFL_PLUGIN_DIR_BESIDE_LIBRARY)
+#if defined(TEFL_PLUGIN_DIR_BESIDE_LIBRARY)
   // The directory of the libtefl that holds this function (absolute).
   static const char kAnchor = 0;
   Dl_info info{};
@@ -284,12 +286,12 @@ std::string InstalledPluginDir() {
   const std::string lib = info.dli_fname;
   const size_t slash = lib.rfind('/');
   std::string dir = slash == std::string::npos ? "." : lib.substr(0, slash);
-  if (dir.empty() || dir.front() != '/') {
-    char buf[PATH_MAX];
-    if (::realpath(dir.c_str(), buf) == nullptr) return "";
-    dir = buf;
-  }
-  return dir + "/" TEFL_PLUGIN_DIR_BESIDE_LIBRARY;
+  // Canonical: the loader may have reached libtefl through an RPATH such as
+  // $ORIGIN/../lib (dli_fname is then <prefix>/bin/../lib/libtefl.so).
+  char buf[PATH_MAX];
+  if (::realpath(dir.empty() ? "/" : dir.c_str(), buf) == nullptr) return "";
+  dir = buf;
+  return dir + (dir.back() == '/' ? "" : "/") + TEFL_PLUGIN_DIR_BESIDE_LIBRARY;
 #else
   return "";
 #endif

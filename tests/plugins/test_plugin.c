@@ -7,7 +7,7 @@
 #include "tefl/ops.h"
 #include "tefl/tefl.h"
 
-#define EXPORT __attribute__((visibility("default")))
+#define EXPORT TEFL_PLUGIN_EXPORT
 
 #ifndef PLUGIN_NAME
 #define PLUGIN_NAME "testgood"

@@ -7,6 +7,7 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <string_view>
 
 #include "core/logging.h"
@@ -176,9 +177,10 @@ std::vector<std::string> LoadPluginsOrThrow(const std::vector<std::string>& plug
   GetDefaultManager().EnsureInitialized();
   std::vector<std::string> paths;
   // A rejected plugin is this command's error, reported once as such: the
-  // loader's WARNING line would repeat it.
+  // loader's WARNING line would repeat it. Unless TEFL_LOG_LEVEL asks for a
+  // level: then every line shows, the plugin's own messages included.
   const int level = GetLogLevel();
-  if (level < TEFL_LOG_ERROR) SetLogLevel(TEFL_LOG_ERROR);
+  if (level < TEFL_LOG_ERROR && std::getenv("TEFL_LOG_LEVEL") == nullptr) SetLogLevel(TEFL_LOG_ERROR);
   struct Restore {
     int level;
     ~Restore() { SetLogLevel(level); }
