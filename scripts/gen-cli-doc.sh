@@ -41,7 +41,8 @@ Every command has `--help`; every command that prints a table has `--json`.
 Exit status 0 on success; otherwise one line `tefl: error: <reason>` on stderr
 and status 2 for bad usage (an unknown command, option, op, dtype or device, a
 malformed `--shape`/`--size`, an out-of-range value) or 1 when the command
-failed: a plugin that does not load, a failing `check` case, an `explain` whose
+failed: a `--plugin` that does not load (one named in `TE_FL_PLUGIN_MODULES` is a
+WARNING, as for any tefl program), a failing `check` case, an `explain` whose
 call cannot be resolved (its report is printed first), a `bench` row that could
 not be run (the table, with each reason, is printed first). The library's own
 INFO log lines are off unless `TEFL_LOG_LEVEL` is set.

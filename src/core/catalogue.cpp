@@ -1,6 +1,9 @@
 #include "core/catalogue.h"
 
+#include <algorithm>
 #include <array>
+#include <string>
+#include <vector>
 
 namespace tefl {
 namespace {
@@ -40,6 +43,42 @@ const OpSchema* BuildTable() {
   return ops;
 }
 }  // namespace catalogue_internal
+
+namespace {
+// Levenshtein distance.
+size_t EditDistance(std::string_view a, std::string_view b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+}  // namespace
+
+std::string DidYouMeanOp(std::string_view name) {
+  // An op whose name is the given one's leading word(s) wins ("gelu_fwd" ->
+  // "gelu", the longest such); else the closest by edit distance.
+  std::string_view best;
+  size_t best_d = ~size_t(0);
+  for (const OpSchema& op : AllOps()) {
+    if (op.name == nullptr) continue;
+    const std::string_view n = op.name;
+    if (name.size() > n.size() && name.substr(0, n.size()) == n && name[n.size()] == '_' &&
+        (best_d != 0 || n.size() > best.size()))
+      best_d = 0, best = n;
+  }
+  for (const OpSchema& op : AllOps()) {
+    if (op.name == nullptr || best_d == 0) continue;
+    const size_t d = EditDistance(name, op.name);
+    if (d < best_d) best_d = d, best = op.name;
+  }
+  if (best.empty() || best_d > 4) return "";
+  return "; did you mean '" + std::string(best) + "'?";
+}
 
 const OpSchema* FindOp(std::string_view name) {
   for (const OpSchema& op : AllOps()) {

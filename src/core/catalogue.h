@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "core/dtype.h"
@@ -104,6 +105,9 @@ inline const OpSchema* FindOp(int32_t op_id) {
 }
 // By name or alias (rope_fwd -> fused_rope_forward); NULL if unknown.
 const OpSchema* FindOp(std::string_view name);
+// For an unknown name: "; did you mean 'gelu'?" naming the closest op by
+// edit distance (at most 4 edits), else "".
+std::string DidYouMeanOp(std::string_view name);
 
 // Per family (one file each).
 std::span<const OpSchema> NormalizationSchemas();

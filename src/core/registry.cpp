@@ -71,7 +71,9 @@ OpImpl OpImpl::FromDesc(const tefl_impl_desc& desc, std::string origin) {
 
 Status OpRegistry::Rep::CheckLocked(const OpImpl& impl, int32_t* op_id) const {
   const OpSchema* op = FindOp(impl.op_name);
-  if (op == nullptr) return Status(TEFL_NOT_FOUND, "register_impl: unknown op '" + impl.op_name + "'");
+  if (op == nullptr)
+    return Status(TEFL_NOT_FOUND, "register_impl(" + impl.impl_id + "): unknown op '" + impl.op_name + "'" +
+                                      DidYouMeanOp(impl.op_name));
   if (impl.impl_id.empty()) return Status(TEFL_INVALID_ARGUMENT, "register_impl(" + impl.op_name + "): empty impl_id");
   if (int(impl.kind) < 0 || int(impl.kind) > 2)
     return Status(TEFL_INVALID_ARGUMENT,

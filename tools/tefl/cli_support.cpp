@@ -29,19 +29,6 @@ constexpr DeviceNameEntry kDevices[] = {{kDLCPU, "cpu"},       {kDLCUDA, "cuda"}
                                         {kDLROCM, "rocm"},     {kDLExtDev, "ext_dev"}, {14, "oneapi"},
                                         {15, "webgpu"},        {16, "hexagon"}};  // DLPack >= 0.8 numbers
 
-// Levenshtein distance, for "did you mean".
-size_t Distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-
 }  // namespace
 
 DType ParseDType(const std::string& text) {
@@ -161,15 +148,7 @@ std::string DeviceList(uint64_t mask) {
 
 const OpSchema& RequireOp(const std::string& name) {
   if (const OpSchema* op = FindOp(name)) return *op;
-  std::string best;
-  size_t best_d = ~size_t(0);
-  for (const OpSchema& op : AllOps()) {
-    if (op.name == nullptr) continue;
-    const size_t d = Distance(name, op.name);
-    if (d < best_d) best_d = d, best = op.name;
-  }
-  throw UsageError(fmt::format("unknown op '{}'{} (`tefl ops` lists them)", name,
-                               best.empty() || best_d > 4 ? "" : "; did you mean '" + best + "'?"));
+  throw UsageError(fmt::format("unknown op '{}'{} (`tefl ops` lists them)", name, DidYouMeanOp(name)));
 }
 
 std::vector<std::string> LoadPluginsOrThrow(const std::vector<std::string>& plugins) {
