@@ -407,7 +407,8 @@ TEST(Cli, BenchGemmSizeIsMK) {
   for (const char* bad : {"64", "100", "64,32,16"}) {
     const Result r = Tefl(fmt::format("bench --op generic_gemm --size {} --min-time 0.01 --json", bad));
     ExpectOneErrorLine(r, "gemm ops take --size M,K (2 sizes; N = K)", 1);
-    for (const auto& row : r.Json()["results"]) EXPECT_FALSE(row.contains("seconds")) << row.dump();
+    const nlohmann::json j = r.Json();  // kept: a range-for over a temporary's member would dangle
+    for (const auto& row : j["results"]) EXPECT_FALSE(row.contains("seconds")) << row.dump();
   }
   ExpectOneErrorLine(Tefl("explain generic_gemm --shape 64"), "gemm ops take --shape M,K", 1);
   const Result r = Tefl("bench --op generic_gemm --size 64,32 --min-time 0.01 --impl default.portable --json");
