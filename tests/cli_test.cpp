@@ -416,6 +416,15 @@ TEST(Cli, BenchGemmSizeIsMK) {
   EXPECT_EQ(r.Json()["results"][0]["shape"], "[64, 32]");
 }
 
+TEST(Cli, MalformedLogLevelWarnsAndKeepsInfoOff) {
+  // A malformed TEFL_LOG_LEVEL counts as unset: the library's warning, and
+  // none of its INFO lines.
+  const Result r = Tefl("impls rmsnorm_fwd", "TEFL_LOG_LEVEL=banana");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("Ignoring TEFL_LOG_LEVEL='banana'"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find(" INFO]"), std::string::npos) << r.err;
+}
+
 TEST(Cli, MalformedNumThreadsWarns) {
   for (const char* bad : {"0", "-3", "abc", "1025", "99999999999"}) {
     const Result r = Tefl("bench --op relu --size 8 --min-time 0.01 --impl default.portable --json",

@@ -131,6 +131,11 @@ std::string PolicySummary(const SelectionPolicy& policy) {
   return out;
 }
 
+bool LogLevelRequested() {
+  const char* v = std::getenv("TEFL_LOG_LEVEL");
+  return v != nullptr && *v != '\0' && ParseLogLevel(v) >= 0;
+}
+
 std::string Plural(size_t n, const std::string& noun) { return fmt::format("{} {}{}", n, noun, n == 1 ? "" : "s"); }
 
 std::string DeviceName(int32_t device_type) {
@@ -159,7 +164,7 @@ std::vector<std::string> LoadPluginsOrThrow(const std::vector<std::string>& plug
   // loader's WARNING line would repeat it. Unless TEFL_LOG_LEVEL asks for a
   // level: then every line shows, the plugin's own messages included.
   const int level = GetLogLevel();
-  if (level < TEFL_LOG_ERROR && std::getenv("TEFL_LOG_LEVEL") == nullptr) SetLogLevel(TEFL_LOG_ERROR);
+  if (level < TEFL_LOG_ERROR && !LogLevelRequested()) SetLogLevel(TEFL_LOG_ERROR);
   struct Restore {
     int level;
     ~Restore() { SetLogLevel(level); }

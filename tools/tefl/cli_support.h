@@ -53,6 +53,8 @@ std::string ShapeForm(const std::string& family);
 // per_op=[gelu=impl:x]": allow, deny and per_op only when set. (Not the
 // Fingerprint(), a length-prefixed key for interning.)
 std::string PolicySummary(const SelectionPolicy& policy);
+// Whether TEFL_LOG_LEVEL names a valid level (a malformed one counts as unset).
+bool LogLevelRequested();
 // "1 implementation", "3 implementations".
 std::string Plural(size_t n, const std::string& noun);
 std::string DeviceName(int32_t device_type);

@@ -15,7 +15,8 @@
 int main(int argc, char** argv) {
   // A command prints its own report: the library's INFO lines (which impl
   // ran, what registered) only when asked for with TEFL_LOG_LEVEL.
-  if (std::getenv("TEFL_LOG_LEVEL") == nullptr) tefl::SetLogLevel(TEFL_LOG_WARNING);
+  // (A malformed value counts as unset: the library warns about it.)
+  if (!tefl::cli::LogLevelRequested()) tefl::SetLogLevel(TEFL_LOG_WARNING);
   CLI::App app{"tefl: a pluggable operator layer for transformer training; inspect, check and benchmark it"};
   app.name("tefl");
   app.require_subcommand(1, 1);
