@@ -279,6 +279,17 @@ TEST_F(ResolutionTest, ErrorDemotesOnlyThatSignature) {
     }
 }
 
+TEST_F(ResolutionTest, ExplainListsCandidatesInTheOrderConsidered) {
+  SetGlobalPolicy(SelectionPolicy().WithPrefer("vendor"));
+  const Resolution r = ExplainRms(DType::kF32);
+  std::vector<std::string> ids;
+  for (const auto& c : r.candidates) ids.push_back(c.impl_id);
+  // Policy order (token, then priority), then those left out (the CUDA-only one).
+  const std::vector<std::string> want = {"vendor.zeta",      "vendor.acme",   "vendor.picky",  "default.extra",
+                                         "default.portable", "reference.cpp", "vendor.gpuonly"};
+  EXPECT_EQ(ids, want);
+}
+
 TEST_F(ResolutionTest, StrictModeIgnoresAnEarlierDemotion) {
   F("vendor.zeta").runtime_code = TEFL_RUNTIME_ERROR;
   SetGlobalPolicy(SelectionPolicy().WithPrefer("vendor"));

@@ -221,7 +221,7 @@ struct Resolution {
   std::string policy;                       // the policy fingerprint in force
   std::vector<std::string> order;           // token order used for this op
   std::vector<std::string> chain;           // impl ids tried in order
-  std::vector<CandidateReport> candidates;  // every registered impl of the op
+  std::vector<CandidateReport> candidates;  // every registered impl of the op, in the order considered
   std::string error;                        // non-empty if the call cannot be served
 };
 

@@ -283,6 +283,20 @@ ResolvedCandidates OpManager::Rep::ResolveCandidates(const OpSchema& op, const t
       out.chain.push_back(r.rec);
     }
   }
+  // Reports in the order the candidates are considered (policy order, then
+  // those the policy or the device left out, in registration order).
+  {
+    std::vector<CandidateReport> ordered;
+    ordered.reserve(out.reports.size());
+    std::vector<bool> taken(out.reports.size(), false);
+    for (const Ranked& r : ranked) {
+      ordered.push_back(std::move(out.reports[r.report]));
+      taken[r.report] = true;
+    }
+    for (size_t i = 0; i < out.reports.size(); ++i)
+      if (!taken[i]) ordered.push_back(std::move(out.reports[i]));
+    out.reports = std::move(ordered);
+  }
   if (strict && out.strict_first && !out.strict_reason.empty()) {
     out.chain.clear();
     out.error = fmt::format("{}: strict mode (TE_FL_STRICT=1): the first candidate {} cannot run: {}", op.name,
