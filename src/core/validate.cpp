@@ -34,7 +34,8 @@ static std::string AttrRangeString(const AttrSchema& at) {
   const float below = std::nextafter(lo, -INFINITY), above = std::nextafter(hi, INFINITY);
   const bool open_lo = std::isfinite(below) && below == std::trunc(below) && lo != std::trunc(lo);
   const bool open_hi = std::isfinite(above) && above == std::trunc(above) && hi != std::trunc(hi);
-  return fmt::format("{}{}, {}{}", open_lo ? "(" : "[", open_lo ? below : lo, open_hi ? above : hi, open_hi ? ")" : "]");
+  return fmt::format("{}{}, {}{}", open_lo ? "(" : "[", open_lo ? below : lo, open_hi ? above : hi,
+                     open_hi ? ")" : "]");
 }
 
 static std::string DTypeSetString(DTypeSet set) {
