@@ -346,6 +346,24 @@ TEST(Cli, CheckFailsAWrongImplementationAndNamesTheCase) {
   EXPECT_NE(good.out.find("summary: 10 passed, 0 failed, 20 declined"), std::string::npos) << good.out;
 }
 
+// A kernel that fails (not a decline) is a FAIL with its own message; check
+// pins each implementation itself, so the reason does not blame a strict
+// policy (TE_FL_STRICT) the user never set.
+TEST(Cli, CheckReportsAFailingKernelInItsOwnWords) {
+  const nlohmann::json j = Tefl("check --json --dtype fp32 --op rmsnorm_fwd --plugin " + Plugin("failing")).Json();
+  int failed = 0;
+  for (const auto& res : j["results"]) {
+    if (res["impl"] != "vendor.failing") continue;
+    ++failed;
+    EXPECT_EQ(res["result"], "FAIL") << res.dump();
+    EXPECT_EQ(res["reason"], "RUNTIME_ERROR: failing: device lost") << res.dump();
+  }
+  EXPECT_GT(failed, 0) << j.dump();
+  const Result r = Tefl("check --quiet --dtype fp32 --op rmsnorm_fwd --plugin " + Plugin("failing"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.out.find("TE_FL_STRICT"), std::string::npos) << r.out;
+}
+
 TEST(Cli, BenchReportsBandwidthAgainstCopy) {
   const Result r = Tefl("bench --op rmsnorm_fwd --size 64,256 --min-time 0.02 --json");
   ASSERT_EQ(r.code, 0) << r.err;

@@ -67,10 +67,14 @@ class DeviceTensors {
 bool AllSentinel(const Tensor& now, const Tensor& before) { return now.SameBytes(before); }
 
 // The implementation's own reason, without the strict policy's preamble
-// ("op: strict mode (TE_FL_STRICT=1): the first candidate X cannot run: ").
-std::string DeclineReason(const std::string& message) {
-  for (const char* marker : {" cannot run: ", " declined: "}) {
-    const size_t at = message.find(marker);
+// ("op: strict mode (TE_FL_STRICT=1): the first candidate X cannot run: ",
+// "... X declined: ", "... X failed: "): check pins each implementation
+// strictly itself, so the preamble would name a setting the user never made.
+std::string ImplReason(const std::string& message) {
+  const size_t strict = message.find(": strict mode (TE_FL_STRICT=1): ");
+  if (strict == std::string::npos) return message;
+  for (const char* marker : {" cannot run: ", " declined: ", " failed: "}) {
+    const size_t at = message.find(marker, strict);
     if (at != std::string::npos) return message.substr(at + std::strlen(marker));
   }
   return message;
@@ -142,10 +146,10 @@ CheckResult RunCheck(const Case& c, const std::string& impl_id, DLDeviceType dev
     for (size_t i = 0; i < got.size(); ++i) untouched = untouched && AllSentinel(got[i], c.outputs[i]);
     if (s.code() == TEFL_FAILED_PRECONDITION || s.code() == TEFL_UNSUPPORTED) {
       r.verdict = untouched ? Verdict::kDeclined : Verdict::kFail;
-      r.reason = untouched ? DeclineReason(s.message()) : "declined after writing an output: " + s.message();
+      r.reason = untouched ? ImplReason(s.message()) : "declined after writing an output: " + ImplReason(s.message());
     } else {
       r.verdict = Verdict::kFail;
-      r.reason = s.ToString();
+      r.reason = fmt::format("{}: {}", StatusCodeName(s.code()), ImplReason(s.message()));
     }
     return r;
   }
