@@ -279,6 +279,43 @@ TEST_F(ResolutionTest, ErrorDemotesOnlyThatSignature) {
     }
 }
 
+// A per-op token naming no registered implementation or vendor of the op is
+// said once per op and token: WARNING with the close name when it looks like
+// a typo, INFO otherwise (a plugin not loaded here); an unresolvable call's
+// error names it too.
+TEST_F(ResolutionTest, PolicyTokensNamingNothingAreReported) {
+  SetGlobalPolicy(SelectionPolicy::FromEnv(
+      nullptr,
+      testing::EnvFrom({{"TE_FL_PER_OP", "rmsnorm_fwd=impl:vendor.acmee|vendor:zetta|vendor:nobody|reference"}})));
+  testing::LogCapture logs(TEFL_LOG_INFO);
+  ASSERT_TRUE(CallRms(DType::kF32).ok());
+  ASSERT_TRUE(CallRms(DType::kBF16).ok());  // a second signature: nothing logged again
+  ASSERT_TRUE(CallRms(DType::kF32).ok());
+  EXPECT_EQ(logs.Count("WARNING] Policy for op 'rmsnorm_fwd': token 'impl:vendor.acmee' of the order names no "
+                       "registered implementation of rmsnorm_fwd (did you mean 'impl:vendor.acme'?)"),
+            1);
+  EXPECT_EQ(logs.Count("WARNING] Policy for op 'rmsnorm_fwd': token 'vendor:zetta' of the order names no registered "
+                       "vendor of rmsnorm_fwd (did you mean 'vendor:zeta'?)"),
+            1);
+  EXPECT_EQ(logs.Count("INFO] Policy for op 'rmsnorm_fwd': token 'vendor:nobody' of the order names no registered "
+                       "vendor of rmsnorm_fwd"),
+            1);
+  EXPECT_EQ(logs.Count("Policy for op"), 3);
+  // Tokens that match something are not reported.
+  SetGlobalPolicy(SelectionPolicy::FromEnv(
+      nullptr, testing::EnvFrom({{"TE_FL_PER_OP", "rmsnorm_fwd=impl:vendor.acme|vendor:ZETA"}})));
+  ASSERT_TRUE(CallRms(DType::kF32).ok());
+  EXPECT_EQ(logs.Count("Policy for op"), 3);
+  // With nothing left to run, the error says why.
+  SetGlobalPolicy(
+      SelectionPolicy::FromEnv(nullptr, testing::EnvFrom({{"TE_FL_PER_OP", "rmsnorm_fwd=impl:default.protable"}})));
+  const std::string chain = ChainOf(ExplainRms(DType::kF32));
+  EXPECT_NE(chain.find("token 'impl:default.protable' of the order names no registered implementation of rmsnorm_fwd "
+                       "(did you mean 'impl:default.portable'?)"),
+            std::string::npos)
+      << chain;
+}
+
 TEST_F(ResolutionTest, ExplainListsCandidatesInTheOrderConsidered) {
   SetGlobalPolicy(SelectionPolicy().WithPrefer("vendor"));
   const Resolution r = ExplainRms(DType::kF32);

@@ -44,7 +44,6 @@ const OpSchema* BuildTable() {
 }
 }  // namespace catalogue_internal
 
-namespace {
 // Levenshtein distance.
 size_t EditDistance(std::string_view a, std::string_view b) {
   std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
@@ -57,7 +56,6 @@ size_t EditDistance(std::string_view a, std::string_view b) {
   }
   return prev[b.size()];
 }
-}  // namespace
 
 std::string DidYouMeanOp(std::string_view name) {
   // An op whose name is the given one's leading word(s) wins ("gelu_fwd" ->

@@ -108,6 +108,8 @@ const OpSchema* FindOp(std::string_view name);
 // For an unknown name: "; did you mean 'gelu'?" naming the closest op by
 // edit distance (at most 4 edits), else "".
 std::string DidYouMeanOp(std::string_view name);
+// Levenshtein distance (edits to turn a into b); for "did you mean" hints.
+size_t EditDistance(std::string_view a, std::string_view b);
 
 // Per family (one file each).
 std::span<const OpSchema> NormalizationSchemas();

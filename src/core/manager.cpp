@@ -18,6 +18,7 @@
 #include "core/logging.h"
 #include "core/policy_state.h"
 #include "core/registry.h"
+#include "core/strings.h"
 #include "core/validate.h"
 
 namespace tefl {
@@ -122,8 +123,48 @@ std::string OrderString(const std::vector<PolicyToken>& order) {
   return s;
 }
 
+// A token of an op's order naming an implementation (impl:ID) or a vendor
+// (vendor:NAME) the op has none of: a typo in TE_FL_PER_OP, or a plugin that
+// is not loaded. typo: a registered name is within 3 edits of it.
+struct DanglingToken {
+  std::string token;
+  std::string text;  // "token 'impl:x' of the order names no ... (did you mean 'impl:y'?)"
+  bool typo;
+};
+
+std::vector<DanglingToken> DanglingTokens(const OpSchema& op, const std::vector<PolicyToken>& order,
+                                          const std::vector<const ImplRecord*>& impls) {
+  std::vector<DanglingToken> out;
+  for (const PolicyToken& t : order) {
+    if (t.type != PolicyToken::kImplId && t.type != PolicyToken::kVendorName) continue;
+    const bool by_id = t.type == PolicyToken::kImplId;
+    bool found = false;
+    std::string best;
+    size_t best_d = ~size_t(0);
+    for (const ImplRecord* r : impls) {
+      if (!by_id && r->impl.kind != BackendImplKind::VENDOR) continue;
+      const std::string name = by_id ? r->impl.impl_id : ToLower(r->impl.vendor);
+      if (name == t.arg) {
+        found = true;
+        break;
+      }
+      const size_t d = EditDistance(t.arg, name);
+      if (d < best_d) best_d = d, best = name;
+    }
+    if (found) continue;
+    const bool typo = !best.empty() && best_d <= 3;
+    out.push_back({t.ToString(),
+                   fmt::format("token '{}' of the order names no registered {} of {}{}", t.ToString(),
+                               by_id ? "implementation" : "vendor", op.name,
+                               typo ? fmt::format(" (did you mean '{}:{}'?)", by_id ? "impl" : "vendor", best) : ""),
+                   typo});
+  }
+  return out;
+}
+
 struct ResolvedCandidates {
   std::vector<CandidateReport> reports;      // every registered impl
+  std::vector<DanglingToken> dangling;       // tokens naming nothing registered
   std::vector<const ImplRecord*> chain;      // ordered, accepted
   const ImplRecord* strict_first = nullptr;  // first in policy order (strict)
   std::string strict_reason;                 // why strict_first declined
@@ -175,6 +216,8 @@ struct OpManager::Rep {
   };
   // (signature, implementation) pairs whose fallback was already logged at INFO.
   std::unordered_set<std::pair<SigKey, const ImplRecord*>, SigImplHash> fallback_logged;
+  // (op, token) pairs of dangling tokens already logged.
+  std::unordered_set<std::string> dangling_logged;
 
   // Last implementation that ran each op (announced at INFO when it changes).
   std::array<std::atomic<const ImplRecord*>, TEFL_OP_COUNT_> last_used{};
@@ -297,6 +340,7 @@ ResolvedCandidates OpManager::Rep::ResolveCandidates(const OpSchema& op, const t
       if (!taken[i]) ordered.push_back(std::move(out.reports[i]));
     out.reports = std::move(ordered);
   }
+  out.dangling = DanglingTokens(op, order, impls);
   if (strict && out.strict_first && !out.strict_reason.empty()) {
     out.chain.clear();
     out.error = fmt::format("{}: strict mode (TE_FL_STRICT=1): the first candidate {} cannot run: {}", op.name,
@@ -307,6 +351,8 @@ ResolvedCandidates OpManager::Rep::ResolveCandidates(const OpSchema& op, const t
     out.error = impls.empty() ? fmt::format("{}: no implementation is registered", op.name)
                               : fmt::format("{}: no implementation can serve this call{}", op.name, reasons);
   }
+  if (!out.error.empty())
+    for (const DanglingToken& d : out.dangling) out.error += "; " + d.text;
   return out;
 }
 
@@ -320,6 +366,18 @@ const Chain* OpManager::Rep::Resolve(const OpSchema& op, const tefl_call_frame& 
   }
   // supports() is vendor code: run it without holding the manager's lock.
   ResolvedCandidates rc = ResolveCandidates(op, frame, key, policy, device_type);
+  // Once per op and token: a likely typo at WARNING, a vendor or impl that
+  // is simply not there (a plugin not loaded here) at INFO.
+  for (const DanglingToken& d : rc.dangling) {
+    bool first;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      first = dangling_logged.insert(std::string(op.name) + '\0' + d.token).second;
+    }
+    const int level = d.typo ? TEFL_LOG_WARNING : TEFL_LOG_INFO;
+    if (first && LogEnabled(level))
+      LogLine(level, __FILE__, __LINE__, fmt::format("Policy for op '{}': {}", op.name, d.text));
+  }
   Chain chain;
   chain.impls = rc.chain;
   chain.strict = policy.policy.strict();
