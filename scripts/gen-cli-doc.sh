@@ -72,7 +72,8 @@ MD
   run "tefl ops generic_gemm"
   echo
   echo '`tefl ops` lists every op; `--json` gives the same data as objects (`inputs`, `outputs`, `attrs` with'
-  echo '`default`, `min`, `max`).'
+  echo '`default` as a value of its type, `range` as text such as `[0, 1)`, and the inclusive `min` and `max` as numbers'
+  echo 'where finite: JSON has no infinity).'
   echo
   echo "## tefl impls"
   run "tefl impls rmsnorm_fwd"
@@ -115,7 +116,7 @@ as a percentage of the copy bandwidth measured at the start of the same run
 with the same threads. Default sizes per family: [4096, 4096]; softmax
 [2, 16, 1024, 1024]; RoPE [2048, 2, 32, 128]; GEMM [1024, 1024] (M, K; N =
 K); attention [2, 1024, 16, 64] (b, s, h, d; compute-bound: GB/s says little,
-and their reference.cpp is timed only with `--impl reference.cpp`). A `--size` is read per
+and their reference.cpp is timed only with `--impl reference.cpp`). A `--size` (alias `--shape`) is read per
 family as above (GEMM: exactly M,K); a row that cannot run (a size the op cannot take, a
 declined call, an `--impl` that does not serve the op) is shown as `not run: <reason>` and the
 command exits 1. `--min-time` is a number of seconds in (0, 3600]. `--plot FILE.png` draws a

@@ -115,10 +115,10 @@ TEST(Cli, OpsDetailGolden) {
             "  in    gamma                float32|float16|bfloat16  [H]\n"
             "  out   z                    float32|float16|bfloat16  like x\n"
             "  out   rsigma               float32                   [N] or x.shape[:-1]\n"
-            "  attr  eps                  f32                       default 1e-05, [0, inf]      added to the "
+            "  attr  eps                  f32                       default 1e-05, [0, inf]  added to the "
             "variance before the square root\n"
-            "  attr  zero_centered_gamma  bool                      default 0, [0, 1]            apply gamma + 1\n"
-            "  attr  sm_margin            i32                       default 0, [0, 1.04858e+06]  SMs left free by "
+            "  attr  zero_centered_gamma  bool                      default false            apply gamma + 1\n"
+            "  attr  sm_margin            i32                       default 0, [0, 1048576]  SMs left free by "
             "CUDA kernels; ignored on the CPU\n");
 }
 
@@ -135,6 +135,24 @@ TEST(Cli, OpsJsonListsTheCatalogue) {
       EXPECT_EQ(op["inputs"][2]["optional"], true);
       EXPECT_EQ(op["attrs"][2]["name"], "cp_size");
       EXPECT_EQ(op["attrs"][2]["default"], 1);
+    }
+    // Attribute values are JSON values of their type; the range as text too.
+    if (op["name"] == "dropout_fwd") {
+      const auto& p = op["attrs"][2];
+      EXPECT_EQ(p["name"], "p");
+      EXPECT_EQ(p["default"].dump(), "0.1") << "float32's shortest form";
+      EXPECT_EQ(float(p["default"].get<double>()), 0.1f);
+      EXPECT_EQ(p["min"], 0.0);
+      EXPECT_EQ(float(p["max"].get<double>()), std::nextafter(1.0f, 0.0f));
+      EXPECT_EQ(p["range"], "[0, 1)");
+      EXPECT_EQ(op["attrs"][0]["range"], "any");
+      EXPECT_FALSE(op["attrs"][0].contains("max"));
+    }
+    if (op["name"] == "rmsnorm_fwd") {
+      EXPECT_EQ(op["attrs"][0]["range"], "[0, inf]");
+      EXPECT_FALSE(op["attrs"][0].contains("max")) << "JSON has no infinity";
+      EXPECT_EQ(op["attrs"][1]["default"], false);
+      EXPECT_EQ(op["attrs"][2]["max"], 1048576);
     }
   }
   EXPECT_TRUE(saw_rope);
@@ -357,6 +375,7 @@ TEST(Cli, CheckReportsAFailingKernelInItsOwnWords) {
     ++failed;
     EXPECT_EQ(res["result"], "FAIL") << res.dump();
     EXPECT_EQ(res["reason"], "RUNTIME_ERROR: failing: device lost") << res.dump();
+    EXPECT_TRUE(res["max_abs"].is_null()) << "nothing was compared: " << res.dump();
   }
   EXPECT_GT(failed, 0) << j.dump();
   const Result r = Tefl("check --quiet --dtype fp32 --op rmsnorm_fwd --plugin " + Plugin("failing"));
@@ -385,6 +404,20 @@ TEST(Cli, BenchReportsBandwidthAgainstCopy) {
   EXPECT_GT(j["stream_copy_gbps"].get<double>(), 0);
 #endif
   EXPECT_TRUE(impls.count("default.portable") && impls.count("reference.cpp"));
+}
+
+// An op named twice (or by its alias and its name) runs once; bench takes
+// --shape like explain and check (--size is the same option).
+TEST(Cli, RepeatedOpsRunOnceAndBenchTakesShape) {
+  const nlohmann::json j =
+      Tefl("bench --op relu --op relu --shape 8,16 --min-time 0.01 --impl default.portable --json").Json();
+  ASSERT_EQ(j["results"].size(), 1u) << j.dump();
+  EXPECT_EQ(j["results"][0]["shape"], "[8, 16]");
+  const nlohmann::json once = Tefl("check --json --impl default.portable --dtype fp32 --op rope_fwd").Json();
+  const nlohmann::json twice =
+      Tefl("check --json --impl default.portable --dtype fp32 --op rope_fwd --op fused_rope_forward").Json();
+  ASSERT_FALSE(once["results"].empty());
+  EXPECT_EQ(twice["results"].size(), once["results"].size());
 }
 
 TEST(Cli, BenchMinTimeIsValidated) {

@@ -49,6 +49,7 @@ double Float32Shortest(double v) { return std::strtod(fmt::format("{}", float(v)
 nb::object AttrValue(AttrType t, double v) {
   if (t == AttrType::kF32) return nb::float_(Float32Shortest(v));
   if (t == AttrType::kBool) return nb::bool_(v != 0);
+  if (t == AttrType::kU64) return nb::int_(uint64_t(v));
   return nb::int_(int64_t(v));
 }
 
@@ -74,8 +75,10 @@ void BindSchemas(nb::module_& m) {
             ad["name"] = a.name;
             ad["type"] = AttrTypeName(a.type);
             ad["default"] = AttrValue(a.type, a.default_value);
-            ad["min"] = a.type == AttrType::kF32 ? Float32Shortest(a.min_value) : a.min_value;
-            ad["max"] = a.type == AttrType::kF32 ? Float32Shortest(a.max_value) : a.max_value;
+            // f32: +-inf where unbounded; u64: every value is valid.
+            ad["min"] = a.type == AttrType::kU64 ? nb::int_(0) : AttrValue(a.type, a.min_value);
+            ad["max"] = a.type == AttrType::kU64 ? nb::int_(UINT64_MAX) : AttrValue(a.type, a.max_value);
+            ad["range"] = nb::str(AttrRangeString(a).c_str());
             ad["doc"] = a.doc ? a.doc : "";
             attrs.append(ad);
           }

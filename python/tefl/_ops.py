@@ -228,6 +228,10 @@ class OpSignature:
         for py, role, tgt in self.params:
             if role == "attr":
                 attr_expr[tgt] = py
+                # TE's functions raise TypeError for None here; a silent default
+                # (scale 1.0 for scaled_softmax_forward(x, None)) would hide a bug.
+                a = s["attrs"][self.attrs.index(tgt)]
+                body.append(f"if {py} is None: _attr_none({self.name!r}, {py!r}, {a['type']!r}, {a['default']!r})")
             elif role == "split3":
                 k0, k1, k2 = (self.attrs.index(a) for a in tgt)
                 body.append(f"_a{k0}, _a{k1}, _a{k2} = _split3({self.name!r}, {py!r}, {py})")
@@ -595,6 +599,14 @@ def _quantized(op, quantizer, call, inputs, outputs, attrs, policy, returns, mai
     return tuple(q if r is ref else r for r in returns) if isinstance(returns, tuple) and len(returns) > 1 else q
 
 
+_ATTR_KIND = {"f32": "a number", "i32": "an integer", "bool": "a bool", "u64": "an integer"}
+
+
+def _attr_none(op, param, kind, default):
+    raise TypeError(f"{op}: argument '{param}' expects {_ATTR_KIND.get(kind, 'a value')}, got None "
+                    f"(leave it out for the default, {default!r})")
+
+
 def _split3(op, param, value):
     if value is None or len(value) != 3:
         raise ValueError(f"{op}: '{param}' expects [q_split, k_split, v_split], got {value!r}")
@@ -659,6 +671,7 @@ _HELPERS = {
     "_quantized": _quantized,
     "_alloc_error": _alloc_error,
     "_split3": _split3,
+    "_attr_none": _attr_none,
     "_prod": _prod,
     "_gemm_float": _gemm_float,
     "_dropout_rng": _dropout_rng,

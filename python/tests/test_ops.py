@@ -176,6 +176,23 @@ def test_validation_errors_name_op_argument_and_expectation(manager):
         manager.call("nope", torch.randn(2))
 
 
+def test_none_for_an_attribute_is_a_type_error(manager):
+    # TE raises TypeError for None where a number is expected; a silent default
+    # (scale 1.0) would hide the caller's bug. Leaving the argument out is the default.
+    x = torch.randn(2, 2, 4, 8)
+    with pytest.raises(TypeError, match=r"scaled_softmax_forward: argument 'scale' expects a number, got None "
+                                        r"\(leave it out for the default, 1.0\)"):
+        tefl.scaled_softmax_forward(x, None)
+    with pytest.raises(TypeError, match=r"dropout_fwd: argument 'dropout_probability' expects a number, got None"):
+        tefl.dropout_fwd(torch.randn(4), None)
+    with pytest.raises(TypeError, match=r"rmsnorm_fwd: argument 'zero_centered_gamma' expects a bool, got None"):
+        manager.call("rmsnorm_fwd", torch.randn(2, 16), torch.ones(16), zero_centered_gamma=None)
+    torch.testing.assert_close(tefl.scaled_softmax_forward(x), torch.softmax(x, -1))
+    # Dropout's seed and offset keep None = the next value of the generator.
+    y, mask = tefl.dropout_fwd(torch.ones(64), 0.5, seed=None, offset=None)
+    assert y.shape == (64,) and mask.shape == (64,)
+
+
 def test_numpy_in_numpy_out_zero_copy(manager):
     x = np.random.default_rng(0).standard_normal((3, 16)).astype(np.float32)
     w = np.ones(16, np.float32)

@@ -17,6 +17,7 @@ const char* VerdictName(Verdict v);
 struct CheckResult {
   std::string impl_id, op, dtype, shape, note;
   Verdict verdict = Verdict::kPass;
+  bool compared = false;            // the outputs were compared (else the figures below mean nothing)
   double max_abs = 0, max_rel = 0;  // over every output
   int64_t mismatches = 0;
   std::string reason;  // FAIL: what went wrong; DECLINED: the implementation's reason

@@ -1,7 +1,11 @@
 #include "core/catalogue.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <array>
+#include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -55,6 +59,29 @@ size_t EditDistance(std::string_view a, std::string_view b) {
     std::swap(prev, cur);
   }
   return prev[b.size()];
+}
+
+std::string AttrValueString(AttrType type, double v) {
+  switch (type) {
+    case AttrType::kF32:
+      return fmt::format("{}", float(v));
+    case AttrType::kBool:
+      return v != 0 ? "true" : "false";
+    default:
+      return fmt::format("{}", int64_t(v));
+  }
+}
+
+std::string AttrRangeString(const AttrSchema& at) {
+  if (at.type == AttrType::kU64) return "any";
+  if (at.type == AttrType::kBool) return "0 or 1";
+  if (at.type != AttrType::kF32) return fmt::format("[{}, {}]", int64_t(at.min_value), int64_t(at.max_value));
+  const float lo = float(at.min_value), hi = float(at.max_value);
+  const float below = std::nextafter(lo, -INFINITY), above = std::nextafter(hi, INFINITY);
+  const bool open_lo = std::isfinite(below) && below == std::trunc(below) && lo != std::trunc(lo);
+  const bool open_hi = std::isfinite(above) && above == std::trunc(above) && hi != std::trunc(hi);
+  return fmt::format("{}{}, {}{}", open_lo ? "(" : "[", open_lo ? below : lo, open_hi ? above : hi,
+                     open_hi ? ")" : "]");
 }
 
 std::string DidYouMeanOp(std::string_view name) {

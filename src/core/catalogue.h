@@ -110,6 +110,13 @@ const OpSchema* FindOp(std::string_view name);
 std::string DidYouMeanOp(std::string_view name);
 // Levenshtein distance (edits to turn a into b); for "did you mean" hints.
 size_t EditDistance(std::string_view a, std::string_view b);
+// An attribute value as a user writes it: f32 in float32's shortest form
+// (0.1, not 0.10000000149011612), integers as integers, bool as false/true.
+std::string AttrValueString(AttrType type, double v);
+// The accepted range of an attribute as text: "[0, 1048576]"; f32 bounds as
+// float32, open where the inclusive limit is the float just inside an integer
+// ("[0, 1)" for a max of 0.99999994); "(0, inf]"; "0 or 1" (bool); "any" (u64).
+std::string AttrRangeString(const AttrSchema& at);
 
 // Per family (one file each).
 std::span<const OpSchema> NormalizationSchemas();

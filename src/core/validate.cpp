@@ -28,16 +28,6 @@ std::string ShapeString(const DLTensor* t) {
 // "[lo, hi]" in the attribute's own type: a float attribute's bounds as
 // float32 (shortest form), written open where the bound is the float next to
 // an integer: "[0, 1)" for dropout's p < 1, "(0, inf]" for a limit > 0.
-static std::string AttrRangeString(const AttrSchema& at) {
-  if (at.type != AttrType::kF32) return fmt::format("[{}, {}]", at.min_value, at.max_value);
-  const float lo = float(at.min_value), hi = float(at.max_value);
-  const float below = std::nextafter(lo, -INFINITY), above = std::nextafter(hi, INFINITY);
-  const bool open_lo = std::isfinite(below) && below == std::trunc(below) && lo != std::trunc(lo);
-  const bool open_hi = std::isfinite(above) && above == std::trunc(above) && hi != std::trunc(hi);
-  return fmt::format("{}{}, {}{}", open_lo ? "(" : "[", open_lo ? below : lo, open_hi ? above : hi,
-                     open_hi ? ")" : "]");
-}
-
 static std::string DTypeSetString(DTypeSet set) {
   std::string s;
   for (int i = 0; i < 16; ++i)
@@ -259,11 +249,11 @@ tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key,
       iv = x;
     }
     if (!(v >= at.min_value && v <= at.max_value)) {  // also rejects NaN
-      return tefl_status_new(
-          TEFL_INVALID_ARGUMENT,
-          fmt::format("{}: attribute '{}' must be in {}, got {}", op.name, at.name, AttrRangeString(at),
-                      at.type == AttrType::kF32 ? fmt::format("{}", float(v)) : fmt::format("{}", v))
-              .c_str());
+      return tefl_status_new(TEFL_INVALID_ARGUMENT,
+                             fmt::format("{}: attribute '{}' must be {}{}, got {}", op.name, at.name,
+                                         at.type == AttrType::kBool ? "" : "in ", AttrRangeString(at),
+                                         at.type == AttrType::kF32 ? fmt::format("{}", float(v)) : fmt::format("{}", v))
+                                 .c_str());
     }
     if (at.signature_bits) {
       attr_bits |= (uint64_t(iv) & ((uint64_t(1) << at.signature_bits) - 1)) << shift;

@@ -156,6 +156,15 @@ const OpSchema& RequireOp(const std::string& name) {
   throw UsageError(fmt::format("unknown op '{}'{} (`tefl ops` lists them)", name, DidYouMeanOp(name)));
 }
 
+std::vector<const OpSchema*> RequireOps(const std::vector<std::string>& names) {
+  std::vector<const OpSchema*> ops;
+  for (const std::string& name : names) {
+    const OpSchema* op = &RequireOp(name);
+    if (std::find(ops.begin(), ops.end(), op) == ops.end()) ops.push_back(op);
+  }
+  return ops;
+}
+
 std::vector<std::string> LoadPluginsOrThrow(const std::vector<std::string>& plugins) {
   OpRegistry& registry = GetDefaultRegistry();
   GetDefaultManager().EnsureInitialized();

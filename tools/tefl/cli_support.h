@@ -63,6 +63,10 @@ std::string DeviceList(uint64_t mask);
 // The catalogue schema of an op name or alias. Throws UsageError naming the
 // closest known op.
 const OpSchema& RequireOp(const std::string& name);
+// Each named op once, in the order first named (an alias and its op are one
+// op: `--op rope_fwd --op fused_rope_forward` runs it once); UsageError as
+// RequireOp for an unknown name.
+std::vector<const OpSchema*> RequireOps(const std::vector<std::string>& names);
 
 // Loads plugins (names or absolute paths) into the default registry after
 // initialising it; throws CliError with the loader's reason on failure.

@@ -1,4 +1,4 @@
-// tefl bench [--op OP] [--impl ID] [--dtype] [--size SHAPE] [--json]
+// tefl bench [--op OP] [--impl ID] [--dtype] [--size|--shape SHAPE] [--json]
 // [--plot FILE.png]: per op x implementation, the time of one call on warm,
 // preallocated outputs, its GB/s (bytes of every input and output) and that
 // as a percentage of this machine's copy bandwidth, measured at the start
@@ -149,7 +149,7 @@ void AddBenchCommand(CLI::App& app) {
   cmd->add_option("--impl", args->impls, "Only this implementation id (repeatable: side by side in one run)");
   cmd->add_option("--dtype", args->dtype, "Data dtype: fp32, bf16, fp16")->capture_default_str();
   CLI::Option* size_opt =
-      cmd->add_option("--size", args->size,
+      cmd->add_option("--size,--shape", args->size,
                       "Shape of the main input (default per family: 4096,4096; softmax 2,16,1024,1024; rope "
                       "2048,2,32,128; gemm 1024,1024 (M,K; N = K); attention 2,1024,16,64 (b,s,h,d))");
   cmd->add_option("--min-time", args->min_time, "Seconds sampled per measurement")->capture_default_str();
@@ -162,8 +162,7 @@ void AddBenchCommand(CLI::App& app) {
     std::optional<std::vector<int64_t>> size;
     if (size_opt->count() > 0) size = ParseShape(args->size);  // given empty: an error
     const double min_time = ValidateMinTime(args->min_time);
-    std::vector<const OpSchema*> ops;
-    for (const std::string& name : args->ops) ops.push_back(&RequireOp(name));
+    std::vector<const OpSchema*> ops = RequireOps(args->ops);
     const bool ops_requested = !ops.empty();
     if (ops.empty())
       for (const OpSchema& op : AllOps())

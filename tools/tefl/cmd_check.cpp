@@ -41,8 +41,7 @@ void AddCheckCommand(CLI::App& app) {
     if (shape->count() > 0) o.shape = ParseShape(args->shape);  // given empty: an error
     std::optional<DLDeviceType> device;
     if (!args->device.empty()) device = ParseDevice(args->device);
-    std::vector<const OpSchema*> ops;
-    for (const std::string& name : args->ops) ops.push_back(&RequireOp(name));
+    std::vector<const OpSchema*> ops = RequireOps(args->ops);
     GetDefaultManager().EnsureInitialized();
     const std::vector<std::string> plugin_paths = LoadPluginsOrThrow(args->plugins);
     if (ops.empty())
@@ -116,9 +115,10 @@ void AddCheckCommand(CLI::App& app) {
             break;
         }
         if (!args->quiet || r.verdict == check::Verdict::kFail)
-          t.Add({r.impl_id, r.op, r.dtype, r.shape, r.note.empty() ? "-" : r.note, fmt::format("{:.3g}", r.max_abs),
-                 fmt::format("{:.3g}", r.max_rel), std::to_string(r.mismatches), check::VerdictName(r.verdict),
-                 r.reason});
+          t.Add({r.impl_id, r.op, r.dtype, r.shape, r.note.empty() ? "-" : r.note,
+                 r.compared ? fmt::format("{:.3g}", r.max_abs) : "-",
+                 r.compared ? fmt::format("{:.3g}", r.max_rel) : "-", r.compared ? std::to_string(r.mismatches) : "-",
+                 check::VerdictName(r.verdict), r.reason});
         results.push_back(std::move(r));
       }
     }
@@ -132,9 +132,9 @@ void AddCheckCommand(CLI::App& app) {
                                 {"dtype", r.dtype},
                                 {"shape", r.shape},
                                 {"case", r.note},
-                                {"max_abs", r.max_abs},
-                                {"max_rel", r.max_rel},
-                                {"mismatches", r.mismatches},
+                                {"max_abs", r.compared ? nlohmann::json(r.max_abs) : nlohmann::json()},
+                                {"max_rel", r.compared ? nlohmann::json(r.max_rel) : nlohmann::json()},
+                                {"mismatches", r.compared ? nlohmann::json(r.mismatches) : nlohmann::json()},
                                 {"result", check::VerdictName(r.verdict)},
                                 {"reason", r.reason}});
       j["summary"] = {{"pass", pass}, {"fail", fail}, {"declined", declined}, {"ops_without_grid", no_grid}};

@@ -1,7 +1,9 @@
 // tefl ops [OP] [--family F] [--json]: the catalogue, from the op schemas.
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 #include "cli_support.h"
 
@@ -21,8 +23,14 @@ const char* AttrTypeName(AttrType t) {
   }
 }
 
-// An attribute's default read from the op's defaults struct.
-double AttrDefault(const OpSchema&, const AttrSchema& a) { return a.default_value; }
+// An attribute value as a JSON value of its type (f32 in float32's shortest
+// form: 0.1, not 0.10000000149011612).
+nlohmann::json AttrJsonValue(AttrType t, double v) {
+  if (t == AttrType::kF32) return std::strtod(AttrValueString(t, v).c_str(), nullptr);
+  if (t == AttrType::kBool) return v != 0;
+  if (t == AttrType::kU64) return uint64_t(v);
+  return int64_t(v);
+}
 
 nlohmann::json OpJson(const OpSchema& op) {
   nlohmann::json j;
@@ -43,11 +51,16 @@ nlohmann::json OpJson(const OpSchema& op) {
   j["outputs"] = args(op.outputs);
   j["attrs"] = nlohmann::json::array();
   for (const AttrSchema& a : op.attrs) {
-    nlohmann::json aj = {
-        {"name", a.name}, {"type", AttrTypeName(a.type)}, {"default", AttrDefault(op, a)}, {"doc", a.doc}};
+    nlohmann::json aj = {{"name", a.name},
+                         {"type", AttrTypeName(a.type)},
+                         {"default", AttrJsonValue(a.type, a.default_value)},
+                         {"range", AttrRangeString(a)},
+                         {"doc", a.doc}};
+    // Inclusive limits as numbers; JSON has no infinity, so an unbounded side
+    // has none (its "range" says inf).
     if (a.type != AttrType::kU64) {
-      aj["min"] = FormatDouble(a.min_value);
-      aj["max"] = FormatDouble(a.max_value);
+      if (std::isfinite(a.min_value)) aj["min"] = AttrJsonValue(a.type, a.min_value);
+      if (std::isfinite(a.max_value)) aj["max"] = AttrJsonValue(a.type, a.max_value);
     }
     j["attrs"].push_back(aj);
   }
@@ -65,7 +78,7 @@ std::string ArgList(std::span<const ArgSchema> list) {
 std::string AttrList(const OpSchema& op) {
   std::string s;
   for (const AttrSchema& a : op.attrs)
-    s += (s.empty() ? "" : ", ") + std::string(a.name) + "=" + FormatDouble(AttrDefault(op, a));
+    s += (s.empty() ? "" : ", ") + std::string(a.name) + "=" + AttrValueString(a.type, a.default_value);
   return s.empty() ? "-" : s;
 }
 
@@ -81,9 +94,10 @@ void PrintDetail(const OpSchema& op) {
     t.Add({"in", a.name, DTypeSetString(a.dtypes), a.shape, a.optional ? "optional" : ""});
   for (const ArgSchema& a : op.outputs) t.Add({"out", a.name, DTypeSetString(a.dtypes), a.shape, ""});
   for (const AttrSchema& a : op.attrs) {
-    const std::string range =
-        a.type == AttrType::kU64 ? "any" : "[" + FormatDouble(a.min_value) + ", " + FormatDouble(a.max_value) + "]";
-    t.Add({"attr", a.name, AttrTypeName(a.type), "default " + FormatDouble(AttrDefault(op, a)) + ", " + range, a.doc});
+    t.Add({"attr", a.name, AttrTypeName(a.type),
+           "default " + AttrValueString(a.type, a.default_value) +
+               (a.type == AttrType::kBool ? "" : ", " + AttrRangeString(a)),
+           a.doc});
   }
   std::string body = t.ToString();
   // Indent the table under the op.
