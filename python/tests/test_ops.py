@@ -1,6 +1,8 @@
 """Every catalogue op from Python against the C++ reference (reference.cpp,
 run alone through its OpImpl.fn), on torch and numpy inputs; independent
 torch oracles for the normalization family; outputs of the caller's kind."""
+import inspect
+
 import numpy as np
 import pytest
 import torch
@@ -232,3 +234,6 @@ def test_dropout_default_generator(manager):
     assert torch.equal(m4, m5)
     (dx,) = (manager.call("dropout_bwd", torch.ones(64, 64), m1, 0.5),)
     torch.testing.assert_close(dx, m1.float() * 2)
+    # TE's signature: the backward reads the mask, so it has no seed or offset.
+    assert list(inspect.signature(tefl.dropout_bwd).parameters) == [
+        "grad_output", "mask", "dropout_probability", "grad_input"]

@@ -30,6 +30,10 @@ constexpr AttrSchema kAttrs[] = {
     {"p", AttrType::kF32, offsetof(tefl_dropout_attrs, p), 0.1, 0.0, kMaxP, 0,
      "drop probability, in [0, 1) (1 is rejected: nothing would be kept and 1/(1-p) is infinite)"},
 };
+// dropout_bwd reads the same struct but only p: its mask is an input, so seed
+// and offset mean nothing there (and Python's dropout_bwd has TE's signature,
+// without them).
+constexpr AttrSchema kBwdAttrs[] = {kAttrs[2]};
 constexpr tefl_dropout_attrs kDefaults = {TEFL_DROPOUT_ATTRS_STRUCT_SIZE, 0, 0, 0.1f};
 
 bool SameShape(const DLTensor* a, const DLTensor* b) {
@@ -75,7 +79,7 @@ const OpSchema kSchemas[] = {
      "grad_input = grad_output * mask / (1 - p)",
      kBwdIn,
      kBwdOut,
-     kAttrs,
+     kBwdAttrs,
      TEFL_DROPOUT_ATTRS_STRUCT_SIZE,
      &kDefaults,
      kFlags,
