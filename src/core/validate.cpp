@@ -25,9 +25,6 @@ std::string ShapeString(const DLTensor* t) {
   return s + "]";
 }
 
-// "[lo, hi]" in the attribute's own type: a float attribute's bounds as
-// float32 (shortest form), written open where the bound is the float next to
-// an integer: "[0, 1)" for dropout's p < 1, "(0, inf]" for a limit > 0.
 static std::string DTypeSetString(DTypeSet set) {
   std::string s;
   for (int i = 0; i < 16; ++i)
