@@ -1,6 +1,5 @@
 #include "core/validate.h"
 
-#include <cmath>
 #include <cstddef>
 #include <cstring>
 
