@@ -107,19 +107,20 @@ TEST(Cli, HelpOnEveryCommand) {
 TEST(Cli, OpsDetailGolden) {
   const Result r = Tefl("ops rmsnorm_fwd");
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_EQ(r.out,
-            "rmsnorm_fwd  (family normalization, id 2)\n"
-            "  RMSNorm forward: z = x * rsigma * g, rsigma = 1/sqrt(mean(x^2) + eps)\n"
-            "        name                 dtypes                    shape\n"
-            "  in    x                    float32|float16|bfloat16  [N..., H]\n"
-            "  in    gamma                float32|float16|bfloat16  [H]\n"
-            "  out   z                    float32|float16|bfloat16  like x\n"
-            "  out   rsigma               float32                   [N] or x.shape[:-1]\n"
-            "  attr  eps                  f32                       default 1e-05, [0, inf]  added to the "
-            "variance before the square root\n"
-            "  attr  zero_centered_gamma  bool                      default false            apply gamma + 1\n"
-            "  attr  sm_margin            i32                       default 0, [0, 1048576]  SMs left free by "
-            "CUDA kernels; ignored on the CPU\n");
+  EXPECT_EQ(
+      r.out,
+      "rmsnorm_fwd  (family normalization, id 2)\n"
+      "  RMSNorm forward: z = x * rsigma * g, rsigma = 1/sqrt(mean(x^2) + eps)\n"
+      "        name                 dtypes                    shape\n"
+      "  in    x                    float32|float16|bfloat16  [N..., H]\n"
+      "  in    gamma                float32|float16|bfloat16  [H]\n"
+      "  out   z                    float32|float16|bfloat16  like x\n"
+      "  out   rsigma               float32                   [N] or x.shape[:-1]\n"
+      "  attr  eps                  f32                       default 1e-05, [0, 3.4028235e+38]  added to the "
+      "variance before the square root (finite: inf would turn every output into 0)\n"
+      "  attr  zero_centered_gamma  bool                      default false                      apply gamma + 1\n"
+      "  attr  sm_margin            i32                       default 0, [0, 1048576]            SMs left free "
+      "by CUDA kernels; ignored on the CPU\n");
 }
 
 TEST(Cli, OpsJsonListsTheCatalogue) {
@@ -148,9 +149,13 @@ TEST(Cli, OpsJsonListsTheCatalogue) {
       EXPECT_EQ(op["attrs"][0]["range"], "any");
       EXPECT_FALSE(op["attrs"][0].contains("max"));
     }
+    if (op["name"] == "generic_gemm") {
+      EXPECT_EQ(op["attrs"][2]["name"], "alpha");
+      EXPECT_EQ(op["attrs"][2]["range"], "[-inf, inf]");
+      EXPECT_FALSE(op["attrs"][2].contains("max")) << "JSON has no infinity";
+    }
     if (op["name"] == "rmsnorm_fwd") {
-      EXPECT_EQ(op["attrs"][0]["range"], "[0, inf]");
-      EXPECT_FALSE(op["attrs"][0].contains("max")) << "JSON has no infinity";
+      EXPECT_EQ(op["attrs"][0]["range"], "[0, 3.4028235e+38]");
       EXPECT_EQ(op["attrs"][1]["default"], false);
       EXPECT_EQ(op["attrs"][2]["max"], 1048576);
     }

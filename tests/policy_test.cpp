@@ -239,6 +239,13 @@ TEST(Policy, MakeValidates) {
   EXPECT_NE(s.message().find("invalid token 'bogus'"), std::string::npos);
   s = SelectionPolicy::Make("flagos", false, {{"not_an_op", {"vendor"}}}, {}, std::nullopt, &p);
   EXPECT_EQ(s.code(), TEFL_INVALID_ARGUMENT);
+  s = SelectionPolicy::Make("flagos", false, {{"rmsnrom_fwd", {"vendor"}}}, {}, std::nullopt, &p);
+  EXPECT_NE(s.message().find("unknown op 'rmsnrom_fwd' in per_op_order; did you mean 'rmsnorm_fwd'?"),
+            std::string::npos)
+      << s.message();
+  s = SelectionPolicy::Make("flagos", false, {}, {}, std::nullopt, nullptr);
+  EXPECT_EQ(s.code(), TEFL_INVALID_ARGUMENT);
+  EXPECT_EQ(s.message(), "SelectionPolicy::Make: out is NULL");
   ASSERT_TRUE(SelectionPolicy::Make("Vendor", true, {{"rmsnorm_fwd", {"impl:reference.cpp"}}}, {"X"},
                                     std::set<std::string>{"Y"}, &p)
                   .ok());

@@ -277,6 +277,30 @@ TEST(PreparedCall, CApi) {
   e = tefl_prepared_call_run(nullptr, in_data, 2, out_data, 2, nullptr);
   ASSERT_NE(e, nullptr);
   tefl_status_free(e);
+  // NULL data arrays and negative counts: errors naming the op and what is wrong, nothing read or written.
+  const struct {
+    void* const* in;
+    int32_t nin;
+    void* const* out;
+    int32_t nout;
+    const char* says;
+  } bad[] = {
+      {nullptr, 2, out_data, 2, "tefl_prepared_call_run: rmsnorm_fwd: input_data is NULL, expected 2 data pointers"},
+      {in_data, 2, nullptr, 2, "tefl_prepared_call_run: rmsnorm_fwd: output_data is NULL, expected 2 data pointers"},
+      {in_data, -1, out_data, 2, "tefl_prepared_call_run: rmsnorm_fwd: num_inputs is -1, expected >= 0"},
+      {in_data, 2, out_data, -3, "tefl_prepared_call_run: rmsnorm_fwd: num_outputs is -3, expected >= 0"},
+  };
+  for (const auto& b : bad) {
+    e = tefl_prepared_call_run(call, b.in, b.nin, b.out, b.nout, nullptr);
+    ASSERT_NE(e, nullptr) << b.says;
+    EXPECT_EQ(tefl_status_code_of(e), TEFL_INVALID_ARGUMENT);
+    EXPECT_STREQ(tefl_status_message(e), b.says);
+    tefl_status_free(e);
+  }
+  e = tefl_call(TEFL_OP_RMSNORM_FWD, in, -2, out, 2, nullptr, nullptr);
+  ASSERT_NE(e, nullptr);
+  EXPECT_STREQ(tefl_status_message(e), "tefl_call: rmsnorm_fwd: num_inputs is -2, expected >= 0");
+  tefl_status_free(e);
   tefl_prepared_call_free(call);
   tefl_prepared_call_free(nullptr);
   tefl_prepared_call* never = nullptr;

@@ -41,6 +41,7 @@ TEST(Registry, Rejections) {
   EXPECT_EQ(r.RegisterImpl(Impl("no_such_op", "default.a")).code(), TEFL_NOT_FOUND);
   EXPECT_EQ(r.RegisterImpl(Impl("gelu_fwd", "default.a")).message(),
             "register_impl(default.a): unknown op 'gelu_fwd'; did you mean 'gelu'?");
+  EXPECT_EQ(r.RegisterImpl(Impl("", "default.a")).message(), "register_impl(default.a): op_name is empty (or NULL)");
   EXPECT_EQ(r.RegisterImpl(Impl("rmsnorm_fwd", "")).code(), TEFL_INVALID_ARGUMENT);
   OpImpl no_kernel = Impl("rmsnorm_fwd", "default.nok");
   no_kernel.kernel = nullptr;

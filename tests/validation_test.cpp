@@ -658,7 +658,14 @@ TEST_F(Validation, OutputAliasesInput) {
       OpCall c(spec);  // z / dx is x (in place)
       const std::string out = c.name(o);
       c.View(out).data = c.D("x").data;
-      ExpectRejected(c, {fmt::format("'{}' (output 0)", out), "overlaps 'x'", "does not work in place"});
+      // An op with an in-place pair names it; the others say they have none.
+      const tefl::OpSchema* schema = tefl::FindOp(std::string_view(spec.op));
+      ASSERT_NE(schema, nullptr);
+      ExpectRejected(c, {fmt::format("'{}' (output 0)", out), "overlaps 'x'",
+                         schema->inplace_output >= 0 ? fmt::format("only '{}' may be exactly '{}' (in place)",
+                                                                   schema->outputs[size_t(schema->inplace_output)].name,
+                                                                   schema->inputs[size_t(schema->inplace_input)].name)
+                                                     : "does not work in place"});
     }
     {
       OpCall c(spec);  // the last output written over the last input (gamma / beta)
@@ -755,11 +762,12 @@ TEST_F(Validation, AttributeOutOfRange) {
   for (const OpSpec& spec : Ops()) {
     SCOPED_TRACE(spec.op);
     if (spec.fwd) {
-      for (float eps : {-1.0f, -1e-30f, nan, -std::numeric_limits<float>::infinity()}) {
+      for (float eps :
+           {-1.0f, -1e-30f, nan, -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::infinity()}) {
         SCOPED_TRACE(fmt::format("eps {}", eps));
         OpCall c(spec);
         c.fwd_attrs.eps = eps;
-        ExpectRejected(c, {"attribute 'eps' must be in [0, inf]",
+        ExpectRejected(c, {"attribute 'eps' must be in [0, 3.4028235e+38]",
                            std::isnan(eps) ? std::string("got nan") : fmt::format("got {}", eps)});
       }
       for (int32_t zcg : {2, -1}) {
@@ -808,9 +816,59 @@ TEST_F(Validation, AttrsStructSizeTooSmall) {
       OpCall c(spec);
       c.fwd_attrs.struct_size = size;
       c.bwd_attrs.struct_size = size;
-      ExpectRejected(c, {fmt::format("attrs.struct_size is {}, expected >= 8", size)});
+      ExpectRejected(c, {fmt::format("attrs.struct_size is {}, expected ", size), "TEFL_*_ATTRS_STRUCT_SIZE"});
     }
   }
+}
+
+// An older caller's struct ends where one of its fields ends; a struct_size
+// inside a field would piece it together from the caller's bytes and the
+// default's. Attributes given to an op that has none are a caller's mistake.
+TEST_F(Validation, AttrsStructSizeInsideAFieldAndAttrsForAnOpWithout) {
+  Tensor x(DType::kF32, {64}), y(DType::kF32, {64}), m(DType::kU8, {64});
+  x.Uniform("x");
+  tefl_dropout_attrs a{TEFL_DROPOUT_ATTRS_STRUCT_SIZE, 0x100000007ull, 0x100000003ull, 0.5f};
+  for (size_t size : {size_t(12), size_t(20), size_t(26)}) {
+    a.struct_size = size;
+    y.Fill(7.0f);
+    const Status s = tefl::testing::CallOp(mgr_, "dropout_fwd", {&x}, {&y, &m}, &a);
+    EXPECT_EQ(s.code(), TEFL_INVALID_ARGUMENT) << size << ": " << s.ToString();
+    const char* field = size == 12 ? "'seed'" : size == 20 ? "'offset'" : "'p'";
+    EXPECT_NE(s.message().find(
+                  fmt::format("dropout_fwd: attrs.struct_size is {}, which ends inside attribute {}", size, field)),
+              std::string::npos)
+        << s.message();
+    EXPECT_EQ(y.at(0), 7.0f) << "no output written";
+  }
+  // Sizes at a field's end are an older caller's struct: accepted, the rest defaults.
+  for (size_t size : {size_t(8), size_t(16), size_t(24)}) {
+    a.struct_size = size;
+    EXPECT_TRUE(tefl::testing::CallOp(mgr_, "dropout_fwd", {&x}, {&y, &m}, &a).ok()) << size;
+  }
+  tefl_softmax_attrs sa{TEFL_SOFTMAX_ATTRS_STRUCT_SIZE, 2.0f};
+  y.Fill(7.0f);
+  const Status s = tefl::testing::CallOp(mgr_, "gelu", {&x}, {&y}, &sa);
+  EXPECT_EQ(s.code(), TEFL_INVALID_ARGUMENT) << s.ToString();
+  EXPECT_NE(s.message().find("gelu: the op has no attributes, expected attrs NULL"), std::string::npos) << s.message();
+  EXPECT_EQ(y.at(0), 7.0f);
+}
+
+// Two outputs over the same bytes: never in place, and said so.
+TEST_F(Validation, OutputsSharingMemoryAreNamedAsSuch) {
+  Tensor x(DType::kF32, {64}), y(DType::kF32, {64});
+  x.Uniform("x");
+  y.Fill(7.0f);
+  DLTensor mask = y.dl();  // the mask written over the output's bytes
+  mask.dtype = DLDataType{kDLUInt, 8, 1};
+  const DLTensor* in[] = {x.ptr()};
+  DLTensor* out[] = {y.ptr(), &mask};
+  const Status s = mgr_.Call("dropout_fwd", in, out, nullptr);
+  EXPECT_EQ(s.code(), TEFL_INVALID_ARGUMENT) << s.ToString();
+  EXPECT_NE(s.message().find("dropout_fwd: argument 'output' (output 0): overlaps 'mask' (output 1) in memory; outputs "
+                             "must not share memory"),
+            std::string::npos)
+      << s.message();
+  EXPECT_EQ(y.at(0), 7.0f);
 }
 
 TEST_F(Validation, OlderAndNewerAttrsStructsAreAccepted) {
@@ -873,6 +931,8 @@ TEST_F(Validation, UnknownOpNameAndId) {
     const Status s = mgr_.Call(id, c.in, c.out, nullptr);
     EXPECT_EQ(s.code(), TEFL_NOT_FOUND) << s.ToString();
     EXPECT_NE(s.message().find(fmt::format("unknown op id {}", id)), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("op ids are the TEFL_OP_* constants of tefl/ops.h, 0 to"), std::string::npos)
+        << s.message();
   }
   EXPECT_EQ(tefl_op_id("no_such_op"), -1);
   EXPECT_EQ(tefl_op_id(nullptr), -1);
@@ -1037,7 +1097,7 @@ TEST_F(Validation, TypedCallsReportTheSameErrors) {
     const std::vector<Tensor> before = c.Snapshot();
     const Status s = tefl::rmsnorm_fwd(c.D("x"), c.D("gamma"), -1.0f, c.D("z"), c.D("rsigma"), opts);
     EXPECT_EQ(s.code(), TEFL_INVALID_ARGUMENT) << s.ToString();
-    EXPECT_NE(s.message().find("rmsnorm_fwd: attribute 'eps' must be in [0, inf], got -1"), std::string::npos)
+    EXPECT_NE(s.message().find("rmsnorm_fwd: attribute 'eps' must be in [0, 3.4028235e+38], got -1"), std::string::npos)
         << s.message();
     for (size_t i = 0; i < before.size(); ++i) EXPECT_TRUE(c.T(i).SameBytes(before[i])) << c.name(i);
   }

@@ -102,28 +102,39 @@ typedef enum tefl_op_id_value {
   TEFL_OP_DROPOUT_BWD = 47,
 
   /* ---- attention (docs/ops-attention.md); attrs tefl_attention_attrs ---- */
+  /* ("?": optional, pass NULL) in (q, k, v, cu_seqlens_q?, cu_seqlens_kv?,
+   * softmax_offset?) -> out (o, stats) */
   TEFL_OP_FUSED_ATTN_FWD = 48,
+  /* in (q, k, v, o, d_o, stats, cu_seqlens_q?, cu_seqlens_kv?,
+   * softmax_offset?) -> out (dq, dk, dv, d_softmax_offset?) */
   TEFL_OP_FUSED_ATTN_BWD = 49,
   /* ---- end attention ---- */
 
   /* ---- FP8 quantization and scaling recipes (docs/ops-quantization.md) ---- */
-  TEFL_OP_QUANTIZE = 50,
-  TEFL_OP_DEQUANTIZE = 51,
-  TEFL_OP_COMPUTE_AMAX = 52,
-  TEFL_OP_COMPUTE_SCALE_FROM_AMAX = 53,
+  TEFL_OP_QUANTIZE = 50,                /* in (x, scale) -> out (q, amax, scale_inv) */
+  TEFL_OP_DEQUANTIZE = 51,              /* in (q, scale_inv) -> out (x) */
+  TEFL_OP_COMPUTE_AMAX = 52,            /* in (x) -> out (amax) */
+  TEFL_OP_COMPUTE_SCALE_FROM_AMAX = 53, /* in (amax) -> out (scale, scale_inv) */
+  /* in (amax_history, scale) -> out (new_amax_history, new_scale) */
   TEFL_OP_FUSED_AMAX_AND_SCALE_UPDATE_AFTER_REDUCTION = 54,
-  TEFL_OP_FP8_TRANSPOSE = 55,
+  TEFL_OP_FP8_TRANSPOSE = 55, /* in (q) -> out (qT) */
   /* ---- end quantization ---- */
 
   /* ---- GEMM (docs/ops-gemm.md); attrs tefl_gemm_attrs ---- */
+  /* ("?": optional, pass NULL) in (A, B, C?, bias?, a_scale_inv?,
+   * b_scale_inv?, d_scale?) -> out (D, pre_gelu_out?, bias_grad?, d_amax?) */
   TEFL_OP_GENERIC_GEMM = 56,
+  /* in (A, B, m_splits, bias?, a_scale_inv?, b_scale_inv?, d_scale?) -> out
+   * (D, pre_gelu_out?, bias_grad?, d_amax?) */
   TEFL_OP_TE_GENERAL_GROUPED_GEMM = 57,
   /* ---- end GEMM ---- */
 
   /* ---- fused FP8 outputs: the op, then quantize (scale in, amax and
    * scale_inv out), in one pass ---- */
-  TEFL_OP_RMSNORM_FWD_FP8 = 58,
+  TEFL_OP_RMSNORM_FWD_FP8 = 58, /* in (x, gamma, scale) -> out (z, rsigma, amax, scale_inv) */
+  /* in (x, gamma, beta, scale) -> out (z, mu, rsigma, amax, scale_inv) */
   TEFL_OP_LAYERNORM_FWD_FP8 = 59,
+  /* the gated ones: in (input, scale) -> out (output, amax, scale_inv) */
   TEFL_OP_GLU_FP8 = 60,
   TEFL_OP_GEGLU_FP8 = 61,
   TEFL_OP_QGEGLU_FP8 = 62,

@@ -10,7 +10,7 @@ namespace {
 
 constexpr DTypeSet kF = kFloatTypes;
 constexpr DTypeSet kF32Only = Bit(DType::kF32);
-constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kMaxFinite = std::numeric_limits<float>::max();
 
 constexpr ArgSchema kLnFwdIn[] = {
     {"x", kF, false, "[N..., H]"}, {"gamma", kF, false, "[H]"}, {"beta", kF, false, "[H]"}};
@@ -38,8 +38,8 @@ constexpr ArgSchema kRmsBwdAddIn[] = {{"dz", kF, false, "like x"},
 constexpr ArgSchema kRmsBwdOut[] = {{"dx", kF, false, "like x"}, {"dgamma", kF, false, "[H]"}};
 
 constexpr AttrSchema kFwdAttrs[] = {
-    {"eps", AttrType::kF32, offsetof(tefl_norm_fwd_attrs, eps), 1e-5, 0.0, kInf, 0,
-     "added to the variance before the square root"},
+    {"eps", AttrType::kF32, offsetof(tefl_norm_fwd_attrs, eps), 1e-5, 0.0, kMaxFinite, 0,
+     "added to the variance before the square root (finite: inf would turn every output into 0)"},
     {"zero_centered_gamma", AttrType::kBool, offsetof(tefl_norm_fwd_attrs, zero_centered_gamma), 0, 0, 1, 1,
      "apply gamma + 1"},
     {"sm_margin", AttrType::kI32, offsetof(tefl_norm_fwd_attrs, sm_margin), 0, 0, 1 << 20, 0,

@@ -112,6 +112,11 @@ inline tefl_status* NormalizeCall(const OpSchema& op, std::span<const DLTensor* 
 // The DLPack device type recorded in a signature.
 int32_t DeviceTypeOf(const SigKey& key) { return int32_t((key.w[0] >> 32) & 0xFF); }
 
+std::string UnknownOpId(int32_t op_id) {
+  return fmt::format("unknown op id {} (op ids are the TEFL_OP_* constants of tefl/ops.h, 0 to {})", op_id,
+                     int(TEFL_OP_COUNT_) - 1);
+}
+
 std::string ImplLabel(const OpImpl& impl) {
   return fmt::format("'{}' (kind={}, vendor={})", impl.impl_id, KindName(impl.kind),
                      impl.vendor.empty() ? "None" : impl.vendor);
@@ -494,7 +499,7 @@ Status OpManager::Call(std::string_view op_name, std::span<const DLTensor* const
 Status OpManager::Call(int32_t op_id, std::span<const DLTensor* const> inputs, std::span<DLTensor* const> outputs,
                        const void* attrs_in, void* stream) {
   const OpSchema* op = FindOp(op_id);
-  if (op == nullptr) return Status(TEFL_NOT_FOUND, fmt::format("unknown op id {}", op_id));
+  if (op == nullptr) return Status(TEFL_NOT_FOUND, UnknownOpId(op_id));
   if (!rep_->initialized.load(std::memory_order_acquire)) EnsureInitialized();
 
   NormalizedCall call;
@@ -624,7 +629,7 @@ Resolution OpManager::Explain(int32_t op_id, std::span<const DLTensor* const> in
   Resolution res;
   const OpSchema* op = FindOp(op_id);
   if (op == nullptr) {
-    res.error = fmt::format("unknown op id {}", op_id);
+    res.error = UnknownOpId(op_id);
     return res;
   }
   EnsureInitialized();
@@ -712,7 +717,7 @@ struct PreparedCall::Rep {
 Status OpManager::Prepare(int32_t op_id, std::span<const DLTensor* const> inputs, std::span<DLTensor* const> outputs,
                           const void* attrs_in, PreparedCall* out) {
   const OpSchema* op = FindOp(op_id);
-  if (op == nullptr) return Status(TEFL_NOT_FOUND, fmt::format("unknown op id {}", op_id));
+  if (op == nullptr) return Status(TEFL_NOT_FOUND, UnknownOpId(op_id));
   if (out == nullptr) return Status(TEFL_INVALID_ARGUMENT, fmt::format("{}: Prepare: out is NULL", op->name));
   if (!rep_->initialized.load(std::memory_order_acquire)) EnsureInitialized();
   NormalizedCall call;

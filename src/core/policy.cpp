@@ -105,6 +105,7 @@ Status SelectionPolicy::Make(std::string_view prefer, bool strict,
                              const std::map<std::string, std::vector<std::string>>& per_op_order,
                              const std::set<std::string>& deny_vendors,
                              const std::optional<std::set<std::string>>& allow_vendors, SelectionPolicy* out) {
+  if (out == nullptr) return Status(TEFL_INVALID_ARGUMENT, "SelectionPolicy::Make: out is NULL");
   SelectionPolicy p;
   auto pref = CanonicalPrefer(prefer);
   if (!pref) {
@@ -116,7 +117,8 @@ Status SelectionPolicy::Make(std::string_view prefer, bool strict,
   for (const auto& [op, tokens] : per_op_order) {
     const OpSchema* schema = FindOp(Trim(op));
     if (schema == nullptr)
-      return Status(TEFL_INVALID_ARGUMENT, "SelectionPolicy: unknown op '" + op + "' in per_op_order");
+      return Status(TEFL_INVALID_ARGUMENT,
+                    "SelectionPolicy: unknown op '" + op + "' in per_op_order" + DidYouMeanOp(Trim(op)));
     std::vector<PolicyToken> parsed;
     for (const std::string& tok : tokens) {
       auto t = PolicyToken::Parse(tok);
@@ -165,7 +167,7 @@ SelectionPolicy SelectionPolicy::FromEnv(std::vector<std::string>* warnings, con
         p.prefer_ = *b ? kPreferVendor : kPreferDefault;
         p.sources_["prefer"] = "TE_FL_PREFER_VENDOR";
       } else {
-        warn(std::string("Ignoring TE_FL_PREFER_VENDOR='") + v + "': expected 1 or 0");
+        warn(std::string("Ignoring TE_FL_PREFER_VENDOR='") + v + "': expected 1, true, yes, on or 0, false, no, off");
       }
     }
   }
@@ -174,7 +176,7 @@ SelectionPolicy SelectionPolicy::FromEnv(std::vector<std::string>* warnings, con
       p.strict_ = *b;
       p.sources_["strict"] = "TE_FL_STRICT";
     } else {
-      warn(std::string("Ignoring TE_FL_STRICT='") + v + "': expected 1 or 0");
+      warn(std::string("Ignoring TE_FL_STRICT='") + v + "': expected 1, true, yes, on or 0, false, no, off");
     }
   }
   if (const char* v = get("TE_FL_DENY_VENDORS"); v && !Trim(v).empty()) {

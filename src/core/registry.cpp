@@ -70,6 +70,8 @@ OpImpl OpImpl::FromDesc(const tefl_impl_desc& desc, std::string origin) {
 }
 
 Status OpRegistry::Rep::CheckLocked(const OpImpl& impl, int32_t* op_id) const {
+  if (impl.op_name.empty())
+    return Status(TEFL_INVALID_ARGUMENT, "register_impl(" + impl.impl_id + "): op_name is empty (or NULL)");
   const OpSchema* op = FindOp(impl.op_name);
   if (op == nullptr)
     return Status(TEFL_NOT_FOUND, "register_impl(" + impl.impl_id + "): unknown op '" + impl.op_name + "'" +

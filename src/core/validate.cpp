@@ -39,17 +39,34 @@ static std::string DLTypeString(DLDataType t) {
 
 const void* NormalizeAttrsSlow(const OpSchema& op, const void* attrs, void* buffer, tefl_status** error) {
   *error = nullptr;
-  if (op.attrs_size == 0) return nullptr;
+  if (op.attrs_size == 0) {
+    if (attrs != nullptr)  // an attrs struct meant for another op: the call is not what the caller thinks
+      *error = tefl_status_new(TEFL_INVALID_ARGUMENT,
+                               fmt::format("{}: the op has no attributes, expected attrs NULL", op.name).c_str());
+    return nullptr;
+  }
   if (attrs == nullptr) return op.attrs_defaults;
   size_t given;
   std::memcpy(&given, attrs, sizeof(size_t));
   if (given >= op.attrs_size) return attrs;  // same or newer struct: read our prefix
-  if (given < sizeof(size_t)) {
-    *error =
-        tefl_status_new(TEFL_INVALID_ARGUMENT,
-                        fmt::format("{}: attrs.struct_size is {}, expected >= {} (set it to sizeof the attrs struct)",
-                                    op.name, given, sizeof(size_t))
-                            .c_str());
+  // An older caller's struct ends where one of its fields ends: a size inside
+  // a field would piece that field together from two sources.
+  const AttrSchema* cut = nullptr;
+  for (const AttrSchema& a : op.attrs) {
+    const size_t end = a.offset + (a.type == AttrType::kU64 ? 8 : 4);
+    if (given > a.offset && given < end) cut = &a;
+  }
+  if (given < sizeof(size_t) || cut != nullptr) {
+    *error = tefl_status_new(
+        TEFL_INVALID_ARGUMENT,
+        fmt::format("{}: attrs.struct_size is {}{}, expected {} (the TEFL_*_ATTRS_STRUCT_SIZE of the header the caller "
+                    "was built with; an older header's size also works)",
+                    op.name, given,
+                    cut ? fmt::format(", which ends inside attribute '{}' (bytes {} to {})", cut->name, cut->offset,
+                                      cut->offset + (cut->type == AttrType::kU64 ? 8 : 4))
+                        : "",
+                    op.attrs_size)
+            .c_str());
     return nullptr;
   }
   // Older caller: defaults for the fields it does not know.
@@ -124,7 +141,10 @@ tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key,
                                .c_str());
   }
   if ((nin > 0 && args.inputs == nullptr) || (nout > 0 && args.outputs == nullptr)) {
-    return tefl_status_new(TEFL_INVALID_ARGUMENT, fmt::format("{}: the inputs/outputs array is NULL", op.name).c_str());
+    const bool in = nin > 0 && args.inputs == nullptr;
+    return tefl_status_new(TEFL_INVALID_ARGUMENT, fmt::format("{}: the {} array is NULL, expected {} tensors", op.name,
+                                                              in ? "inputs" : "outputs", in ? nin : nout)
+                                                      .c_str());
   }
   const int n = nin + nout;
   uint64_t tw[3] = {0, 0, 0};
@@ -271,8 +291,14 @@ tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key,
           in_place = true;
           continue;
         }
-        return ArgError(op, o,
-                        fmt::format("overlaps {} in memory; {} does not work in place", ArgLabel(op, i), op.name));
+        // Two outputs overlapping is never in place; an output over an input is
+        // in place only where the op allows it (exactly that pair, exactly aliased).
+        const std::string why = i >= nin                 ? "outputs must not share memory"
+                                : op.inplace_output >= 0 ? fmt::format("only '{}' may be exactly '{}' (in place)",
+                                                                       op.outputs[size_t(op.inplace_output)].name,
+                                                                       op.inputs[size_t(op.inplace_input)].name)
+                                                         : fmt::format("{} does not work in place", op.name);
+        return ArgError(op, o, fmt::format("overlaps {} in memory; {}", ArgLabel(op, i), why));
       }
     }
   }
