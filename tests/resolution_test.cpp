@@ -340,7 +340,7 @@ TEST_F(ResolutionTest, StrictModeIgnoresAnEarlierDemotion) {
   EXPECT_EQ(r.chain[0], "vendor.zeta");
   Status s = CallRms(DType::kF32);
   EXPECT_EQ(s.code(), TEFL_RUNTIME_ERROR);
-  EXPECT_NE(s.message().find("strict mode (TE_FL_STRICT=1): 'vendor.zeta'"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("strict mode (policy set in code): 'vendor.zeta'"), std::string::npos) << s.message();
   EXPECT_EQ(F("vendor.zeta").calls, 2);
   EXPECT_EQ(F("vendor.acme").calls, 1);
   // Back to non-strict: the demotion still holds (acme first, zeta not run).
@@ -355,9 +355,16 @@ TEST_F(ResolutionTest, StrictModeFailsNamingTheFirstCandidate) {
   SetGlobalPolicy(SelectionPolicy().WithPrefer("vendor").WithStrict(true));
   Status s = CallRms(DType::kF32);
   EXPECT_EQ(s.code(), TEFL_RUNTIME_ERROR);
-  EXPECT_NE(s.message().find("strict mode (TE_FL_STRICT=1): 'vendor.zeta'"), std::string::npos) << s.message();
+  // The policy was made strict in code: the error does not blame TE_FL_STRICT.
+  EXPECT_NE(s.message().find("strict mode (policy set in code): 'vendor.zeta'"), std::string::npos) << s.message();
   EXPECT_NE(s.message().find("vendor.zeta says no"), std::string::npos);
   EXPECT_EQ(F("vendor.acme").calls, 0);
+  // From the environment it names the variable.
+  SetGlobalPolicy(
+      SelectionPolicy::FromEnv(nullptr, testing::EnvFrom({{"TE_FL_STRICT", "1"}, {"TE_FL_PREFER", "vendor"}})));
+  s = CallRms(DType::kF32);
+  EXPECT_NE(s.message().find("rmsnorm_fwd: strict mode (TE_FL_STRICT=1): 'vendor.zeta'"), std::string::npos)
+      << s.message();
   // A runtime decline is an error too in strict mode.
   F("vendor.zeta").runtime_code = TEFL_UNSUPPORTED;
   s = CallRms(DType::kF32);

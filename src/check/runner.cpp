@@ -67,11 +67,11 @@ class DeviceTensors {
 bool AllSentinel(const Tensor& now, const Tensor& before) { return now.SameBytes(before); }
 
 // The implementation's own reason, without the strict policy's preamble
-// ("op: strict mode (TE_FL_STRICT=1): the first candidate X cannot run: ",
-// "... X declined: ", "... X failed: "): check pins each implementation
-// strictly itself, so the preamble would name a setting the user never made.
+// ("op: strict mode (...): the first candidate X cannot run: ", "... X
+// declined: ", "... X failed: "): check pins each implementation strictly
+// itself, so the preamble says nothing the user asked for.
 std::string ImplReason(const std::string& message) {
-  const size_t strict = message.find(": strict mode (TE_FL_STRICT=1): ");
+  const size_t strict = message.find(": strict mode (");
   if (strict == std::string::npos) return message;
   for (const char* marker : {" cannot run: ", " declined: ", " failed: "}) {
     const size_t at = message.find(marker, strict);

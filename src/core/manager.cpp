@@ -27,6 +27,7 @@ namespace tefl {
 struct Chain {
   std::vector<const ImplRecord*> impls;
   bool strict = false;
+  std::string strict_label;  // "strict mode (TE_FL_STRICT=1)": where strict came from, for errors
   int32_t error_code = TEFL_OK;
   std::string error;
   // impls[0] when there is no error and a candidate; else NULL (the hot
@@ -112,6 +113,15 @@ inline tefl_status* NormalizeCall(const OpSchema& op, std::span<const DLTensor* 
 // The DLPack device type recorded in a signature.
 int32_t DeviceTypeOf(const SigKey& key) { return int32_t((key.w[0] >> 32) & 0xFF); }
 
+// How an error names strict mode: by the variable when TE_FL_STRICT set it,
+// else as the policy's own setting (SelectionPolicy::WithStrict, Python's
+// policy contexts, `tefl check` / `tefl bench` pinning one implementation).
+std::string StrictLabel(const SelectionPolicy& policy) {
+  const auto it = policy.sources().find("strict");
+  return it != policy.sources().end() && it->second == "TE_FL_STRICT" ? "strict mode (TE_FL_STRICT=1)"
+                                                                      : "strict mode (policy set in code)";
+}
+
 std::string UnknownOpId(int32_t op_id) {
   return fmt::format("unknown op id {} (op ids are the TEFL_OP_* constants of tefl/ops.h, 0 to {})", op_id,
                      int(TEFL_OP_COUNT_) - 1);
@@ -186,7 +196,8 @@ struct OpManager::Rep {
   std::atomic<bool> initialized{false};
 
   std::mutex mu;  // guards everything below
-  std::map<std::tuple<std::vector<const ImplRecord*>, bool, int32_t, std::string>, std::unique_ptr<Chain>> chains;
+  std::map<std::tuple<std::vector<const ImplRecord*>, bool, std::string, int32_t, std::string>, std::unique_ptr<Chain>>
+      chains;
   struct Resolved {
     uint64_t epoch;
     const Chain* chain;
@@ -228,7 +239,7 @@ struct OpManager::Rep {
   std::array<std::atomic<const ImplRecord*>, TEFL_OP_COUNT_> last_used{};
 
   const Chain* InternChain(Chain c) {
-    auto k = std::make_tuple(c.impls, c.strict, c.error_code, c.error);
+    auto k = std::make_tuple(c.impls, c.strict, c.strict_label, c.error_code, c.error);
     auto it = chains.find(k);
     if (it != chains.end()) return it->second.get();
     c.first = c.error.empty() && !c.impls.empty() ? c.impls[0] : nullptr;
@@ -312,7 +323,7 @@ ResolvedCandidates OpManager::Rep::ResolveCandidates(const OpSchema& op, const t
     rep.demoted = std::find(demoted_here.begin(), demoted_here.end(), r.rec) != demoted_here.end();
     const OpImpl& impl = r.rec->impl;
     if (strict && out.strict_first != nullptr) {
-      rep.reason = "not tried: strict mode (TE_FL_STRICT) uses only the first candidate";
+      rep.reason = "not tried: " + StrictLabel(policy.policy) + " uses only the first candidate";
       continue;
     }
     bool ok = true;
@@ -348,7 +359,7 @@ ResolvedCandidates OpManager::Rep::ResolveCandidates(const OpSchema& op, const t
   out.dangling = DanglingTokens(op, order, impls);
   if (strict && out.strict_first && !out.strict_reason.empty()) {
     out.chain.clear();
-    out.error = fmt::format("{}: strict mode (TE_FL_STRICT=1): the first candidate {} cannot run: {}", op.name,
+    out.error = fmt::format("{}: {}: the first candidate {} cannot run: {}", op.name, StrictLabel(policy.policy),
                             ImplLabel(out.strict_first->impl), out.strict_reason);
   } else if (out.chain.empty()) {
     std::string reasons;
@@ -386,6 +397,7 @@ const Chain* OpManager::Rep::Resolve(const OpSchema& op, const tefl_call_frame& 
   Chain chain;
   chain.impls = rc.chain;
   chain.strict = policy.policy.strict();
+  if (chain.strict) chain.strict_label = StrictLabel(policy.policy);
   if (!rc.error.empty()) {
     chain.error_code = policy.policy.strict() ? TEFL_FAILED_PRECONDITION : TEFL_UNSUPPORTED;
     chain.error = rc.error;
@@ -604,15 +616,14 @@ Status OpManager::Rep::RunChain(const OpSchema& opr, const tefl_call_frame& fram
       TEFL_LOG(DEBUG, "Op '{}' implementation '{}' declined: {}", op->name, r->impl.impl_id, message);
       failures += fmt::format("; '{}' declined: {}", r->impl.impl_id, message);
       if (chain->strict) {
-        return Status(TEFL_FAILED_PRECONDITION,
-                      fmt::format("{}: strict mode (TE_FL_STRICT=1): the first candidate {} declined: {}", op->name,
-                                  ImplLabel(r->impl), message));
+        return Status(TEFL_FAILED_PRECONDITION, fmt::format("{}: {}: the first candidate {} declined: {}", op->name,
+                                                            chain->strict_label, ImplLabel(r->impl), message));
       }
       continue;
     }
     if (chain->strict) {
-      return Status(
-          code, fmt::format("{}: strict mode (TE_FL_STRICT=1): {} failed: {}", op->name, ImplLabel(r->impl), message));
+      return Status(code,
+                    fmt::format("{}: {}: {} failed: {}", op->name, chain->strict_label, ImplLabel(r->impl), message));
     }
     if ((op->flags & kOpInPlace) || (key.w[0] & kSigInPlaceBit)) {
       return Status(code, fmt::format("{}: {} failed: {} (in-place op: not retried, outputs may be modified)", op->name,

@@ -324,7 +324,13 @@ const PolicyRecord* PolicyFromEnvLogged() {
 }  // namespace
 
 const PolicyRecord* InternPolicy(const SelectionPolicy& policy) {
+  // Same content, same record; except that strict mode set by TE_FL_STRICT
+  // and strict mode set in code get records of their own, because errors name
+  // where strict came from (the record keeps the first policy's sources).
   std::string fp = policy.Fingerprint();
+  const auto strict_source = policy.sources().find("strict");
+  if (policy.strict() && strict_source != policy.sources().end() && strict_source->second == "TE_FL_STRICT")
+    fp += "|strict from TE_FL_STRICT";
   std::lock_guard<std::mutex> lock(g_intern_mu);
   auto& table = InternTable();
   auto it = table.find(fp);
