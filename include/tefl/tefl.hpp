@@ -25,7 +25,9 @@
 namespace tefl {
 
 // ---- Status (LevelDB style: cheap when OK) ---------------------------------
-class Status {
+// [[nodiscard]]: a call whose Status is dropped is a compiler warning, since
+// an unchecked error would be a silently skipped op.
+class [[nodiscard]] Status {
  public:
   Status() = default;  // OK
   Status(int32_t code, std::string message);
