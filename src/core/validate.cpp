@@ -52,20 +52,21 @@ const void* NormalizeAttrsSlow(const OpSchema& op, const void* attrs, void* buff
   // An older caller's struct ends where one of its fields ends: a size inside
   // a field would piece that field together from two sources.
   const AttrSchema* cut = nullptr;
+  size_t cut_end = 0;
   for (const AttrSchema& a : op.attrs) {
     const size_t end = a.offset + (a.type == AttrType::kU64 ? 8 : 4);
-    if (given > a.offset && given < end) cut = &a;
+    if (given > a.offset && given < end) cut = &a, cut_end = end;
   }
   if (given < sizeof(size_t) || cut != nullptr) {
     *error = tefl_status_new(
         TEFL_INVALID_ARGUMENT,
-        fmt::format("{}: attrs.struct_size is {}{}, expected {} (the TEFL_*_ATTRS_STRUCT_SIZE of the header the caller "
-                    "was built with; an older header's size also works)",
-                    op.name, given,
-                    cut ? fmt::format(", which ends inside attribute '{}' (bytes {} to {})", cut->name, cut->offset,
-                                      cut->offset + (cut->type == AttrType::kU64 ? 8 : 4))
-                        : "",
-                    op.attrs_size)
+        fmt::format(
+            "{}: attrs.struct_size is {}{}, expected {} (the TEFL_*_ATTRS_STRUCT_SIZE of the header the caller "
+            "was built with; an older header's size also works)",
+            op.name, given,
+            cut ? fmt::format(", which ends inside attribute '{}' (bytes {} to {})", cut->name, cut->offset, cut_end)
+                : "",
+            op.attrs_size)
             .c_str());
     return nullptr;
   }
