@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -244,26 +245,71 @@ Problem MakeFwd(const std::string& op, DType tx, DType tz, int64_t rows, int64_t
 // Rows of magnitude ~1e30 (x^2 overflows fp32) and ~1e-30 (x^2 underflows
 // fp32): the reference accumulates in double and so must every
 // implementation.
+// default.portable sums in fp32 chunks and must fall back to double for
+// these rows (bf16 has fp32's range, so it takes the same fallback).
 TEST(NormConformanceSpecial, HugeAndTinyRows) {
   const double kScale[] = {1.0, 1e30, 1e-30, 1e30, 1e-30, 1.0};
   for (const char* op : {"layernorm_fwd", "rmsnorm_fwd"}) {
     for (int64_t h : {1, 7, 64, 1027, 8192}) {
       for (float eps : {kEps, 0.0f}) {
         for (bool zcg : {false, true}) {
-          const std::string seed = fmt::format("{}_{}_{}_{}", op, h, eps, zcg);
-          SCOPED_TRACE(seed);
-          Problem p = MakeFwd(op, DType::kF32, DType::kF32, 6, h, eps, zcg, seed);
-          Tensor& x = p.In("x");
-          for (int64_t r = 0; r < 6; ++r)
-            for (int64_t j = 0; j < h; ++j) x.set(r * h + j, x.at(r * h + j) * kScale[r]);
-          CheckAllImplementations(p, [&](const std::string& impl, Problem& res) {
-            // The statistics of the huge and tiny rows are finite (except
-            // the zero variance of a 1-wide LayerNorm row with eps = 0).
-            if (h == 1 && eps == 0.0f && IsLayerNorm(op)) return;
+          for (DType t : {DType::kF32, DType::kBF16}) {
+            const std::string seed = fmt::format("{}_{}_{}_{}_{}", op, h, eps, zcg, tefl::DTypeName(t));
+            SCOPED_TRACE(seed);
+            Problem p = MakeFwd(op, t, t, 6, h, eps, zcg, seed);
+            Tensor& x = p.In("x");
             for (int64_t r = 0; r < 6; ++r)
-              EXPECT_TRUE(std::isfinite(res.Out("rsigma").at(r))) << impl << " rsigma[" << r << "]";
-          });
+              for (int64_t j = 0; j < h; ++j) x.set(r * h + j, x.at(r * h + j) * kScale[r]);
+            CheckAllImplementations(p, [&](const std::string& impl, Problem& res) {
+              // The statistics of the huge and tiny rows are finite (except
+              // the zero variance of a 1-wide LayerNorm row with eps = 0).
+              if (h == 1 && eps == 0.0f && IsLayerNorm(op)) return;
+              for (int64_t r = 0; r < 6; ++r)
+                EXPECT_TRUE(std::isfinite(res.Out("rsigma").at(r))) << impl << " rsigma[" << r << "]";
+            });
+          }
         }
+      }
+    }
+  }
+}
+
+// NaNs in gamma / beta whose low 16 bits are set (fp32 0x7FFFFFFF and
+// 0xFFFFFFFF): a bf16 rounding bias added to those bits carries out of the
+// payload (0x7FFFFFFF + 0x7FFF is 0x80007FFE, i.e. -0.0 as bf16). The
+// column must come out NaN in every row, for bf16 z read through each of the
+// gamma dtypes (bf16 gamma is read in place by default.portable, fp32 and
+// fp16 gamma are converted per call), and no other column may change.
+TEST(NormConformanceSpecial, NanPayloadsInGammaAndBeta) {
+  for (const char* op : {"layernorm_fwd", "rmsnorm_fwd"}) {
+    for (DType tg : {DType::kF32, DType::kBF16, DType::kF16}) {
+      for (int64_t h : {64, 67}) {
+        const std::string seed = fmt::format("{}_{}_{}_nan_payload", op, tefl::DTypeName(tg), h);
+        SCOPED_TRACE(seed);
+        Problem p = MakeProblem(op, {DType::kBF16, DType::kBF16, tg}, false, {3, h}, seed);
+        const bool ln = IsLayerNorm(op);
+        const auto set_bits = [](Tensor& t, int64_t i, uint32_t bits) {
+          if (t.dtype() == DType::kF32) {
+            std::memcpy(static_cast<uint32_t*>(t.bytes()) + i, &bits, 4);
+          } else {
+            t.set(i, std::bit_cast<float>(bits));  // bf16/fp16 keep the upper payload bits
+          }
+        };
+        // Columns 5 and 6 (gamma), 9 (beta) and 65 (gamma, in the tail when h = 67).
+        set_bits(p.In("gamma"), 5, 0x7FFFFFFFu);
+        set_bits(p.In("gamma"), 6, 0xFFFFFFFFu);
+        set_bits(p.In("gamma"), 65 % h, 0x7FFFFFFFu);
+        if (ln) set_bits(p.In("beta"), 9, 0x7FFFFFFFu);
+        CheckAllImplementations(p, [&](const std::string& impl, Problem& res) {
+          SCOPED_TRACE(impl);
+          const Tensor& z = res.Out("z");
+          for (int64_t r = 0; r < 3; ++r) {
+            for (int64_t j = 0; j < h; ++j) {
+              const bool nan_col = j == 5 || j == 6 || j == 65 % h || (ln && j == 9);
+              EXPECT_EQ(std::isnan(z.at(r * h + j)), nan_col) << "z[" << r << ", " << j << "] = " << z.at(r * h + j);
+            }
+          }
+        });
       }
     }
   }

@@ -6,11 +6,19 @@
 // the best one the CPU supports. Rows are spread over the host thread pool.
 //
 // Numerics:
-//  - Row statistics (sum, sum of squares, mdy, mdyy) accumulate in double, so
-//    rows of huge (|x| ~ 1e30, x^2 overflows fp32) or tiny (1e-30) magnitude
-//    match a double-precision reference. LayerNorm's first pass only finds a
-//    shift near the mean, in fp32 (see RowMeanVar): the f32 -> f64
-//    conversions are what bounds these loops, not memory (Zen 4, bf16).
+//  - Row statistics (sum, sum of squares, mdy, mdyy) are fp32 vector sums
+//    over short chunks added into double (at most 16 terms per lane before a
+//    chunk is added): relative error ~1e-7, far inside the tolerances, at
+//    memory speed (an f32 -> f64 conversion per element bounded these loops).
+//    Forward rows whose fp32 sums are not finite or whose var + eps is below
+//    2^-100 are summed again all in double, so rows of huge (|x| ~ 1e30, x^2
+//    overflows fp32) or tiny (1e-30) magnitude still match a double-precision
+//    reference. LayerNorm's first pass only finds a shift near the mean, in
+//    fp32 (see RowMeanVar).
+//  - bf16 x and z: one u32 lane holds a pair of elements, no shuffles
+//    (FwdRowBf16Pairs); bf16 gamma/beta are read in place, other dtypes
+//    converted once per call (vectorised). The backward keeps its working
+//    memory per calling thread (BwdBuffers).
 //  - Elementwise outputs are computed in fp32 and rounded once to the output
 //    dtype (round to nearest even, NaN stays NaN). z = (x - mu_f) *
 //    (rsigma_f * g) + beta with fp32 mu_f, as TE does: rows with
@@ -62,6 +70,16 @@ struct FwdArgs {
   void* z;
   const float* g;
   const float* b;
+  // bf16 x and z (the pair loop, FwdRowBf16Pairs): bf16 gamma/beta are read
+  // in place (g16/b16, plus 1 when plus_one) and g/b are NULL; gamma/beta of
+  // other dtypes also come split into even and odd elements, h / 2 each
+  // (g_pairs = [g0 g2 g4 ... | g1 g3 g5 ...]), the lane order of a u32 load
+  // of bf16 pairs.
+  const uint16_t* g16;
+  const uint16_t* b16;
+  bool plus_one;
+  const float* g_pairs;
+  const float* b_pairs;
   float* mu;  // NULL for RMSNorm
   float* rsigma;
   bool stream;  // non-temporal z stores (large outputs, aligned rows)
@@ -246,16 +264,111 @@ HWY_INLINE void RowShiftedSums(const T* HWY_RESTRICT x, size_t h, double m, doub
   sum_dd = s2;
 }
 
+// ---- fp32 statistics with double partials (the common case) ------------------
+// Each fp32 lane accumulates at most kStatAddsPerLane terms before its chunk's
+// sum is added into a double, so a partial carries a relative rounding error
+// of a few 1e-7 (bound: kStatAddsPerLane * 2^-24 ~ 1e-6), a fraction of the
+// statistics' rtol (5e-5) and of what fp32 z needs (5e-6): without the
+// f32 -> f64 conversion of every element, the loops run at memory speed on
+// AVX2 (bf16 [64, 4096], one thread: RMSNorm statistics took 35 % of the
+// call's time in double; docs/performance.md, session 22). The callers fall back to the
+// all-double loops above when a sum is not finite (inf/NaN in x, or an fp32
+// partial overflowed) or var + eps is so small that fp32 underflow in the
+// squares could matter (below 2^-100; with eps >= 1e-30 never).
+constexpr size_t kStatAddsPerLane = 16;
+constexpr double kStatFloor = 0x1p-100;
+
+// Lanes of v summed (in fp32: a few more roundings per chunk), as a double.
+template <class DF>
+HWY_INLINE double SumLanesToDouble(DF df, hn::Vec<DF> v) {
+  return double(hn::GetLane(hn::SumOfLanes(df, v)));
+}
+
+// sum(x^2), fp32 chunks.
+template <class T>
+HWY_INLINE double RowSumSqChunked(const T* HWY_RESTRICT x, size_t h) {
+  const hn::ScalableTag<float> df;
+  const size_t n = hn::Lanes(df);
+  const size_t full = h - h % (4 * n);
+  double total = 0.0;
+  hn::Vec<decltype(df)> f0, f1, f2, f3;
+  size_t i = 0;
+  while (i < full) {
+    const size_t end = std::min(full, i + kStatAddsPerLane * 4 * n);
+    auto s0 = hn::Zero(df), s1 = hn::Zero(df), s2 = hn::Zero(df), s3 = hn::Zero(df);
+    for (; i < end; i += 4 * n) {
+      Load2(df, x + i, f0, f1);
+      Load2(df, x + i + 2 * n, f2, f3);
+      s0 = hn::MulAdd(f0, f0, s0);
+      s1 = hn::MulAdd(f1, f1, s1);
+      s2 = hn::MulAdd(f2, f2, s2);
+      s3 = hn::MulAdd(f3, f3, s3);
+    }
+    total += SumLanesToDouble(df, hn::Add(hn::Add(s0, s1), hn::Add(s2, s3)));
+  }
+  for (; i < h; ++i) {
+    const double d = double(ScalarLoad(x + i));
+    total += d * d;
+  }
+  return total;
+}
+
+// sum(x - m) and sum((x - m)^2) with d = x - m in fp32, fp32 chunks. m is
+// within fp32 rounding of the mean, so x - m is exact wherever x is within a
+// factor 2 of m (Sterbenz) and rounded once elsewhere, where |x - m| >= |m| / 2.
+template <class T>
+HWY_INLINE void RowShiftedSumsChunked(const T* HWY_RESTRICT x, size_t h, float m, double& sum_d, double& sum_dd) {
+  const hn::ScalableTag<float> df;
+  const size_t n = hn::Lanes(df);
+  const size_t full = h - h % (4 * n);
+  const auto vm = hn::Set(df, m);
+  double s1 = 0.0, s2 = 0.0;
+  hn::Vec<decltype(df)> f0, f1, f2, f3;
+  size_t i = 0;
+  while (i < full) {
+    const size_t end = std::min(full, i + kStatAddsPerLane * 4 * n);
+    auto q0 = hn::Zero(df), q1 = hn::Zero(df), q2 = hn::Zero(df), q3 = hn::Zero(df);
+    auto e0 = hn::Zero(df), e1 = hn::Zero(df);
+    for (; i < end; i += 4 * n) {
+      Load2(df, x + i, f0, f1);
+      Load2(df, x + i + 2 * n, f2, f3);
+      const auto d0 = hn::Sub(f0, vm), d1 = hn::Sub(f1, vm), d2 = hn::Sub(f2, vm), d3 = hn::Sub(f3, vm);
+      q0 = hn::MulAdd(d0, d0, q0);
+      q1 = hn::MulAdd(d1, d1, q1);
+      q2 = hn::MulAdd(d2, d2, q2);
+      q3 = hn::MulAdd(d3, d3, q3);
+      e0 = hn::Add(e0, hn::Add(d0, d1));
+      e1 = hn::Add(e1, hn::Add(d2, d3));
+    }
+    s1 += SumLanesToDouble(df, hn::Add(e0, e1));
+    s2 += SumLanesToDouble(df, hn::Add(hn::Add(q0, q1), hn::Add(q2, q3)));
+  }
+  const double md = double(m);
+  for (; i < h; ++i) {
+    const double d = double(ScalarLoad(x + i)) - md;
+    s1 += d;
+    s2 += d * d;
+  }
+  sum_d = s1;
+  sum_dd = s2;
+}
+
+// An fp32-chunked result is used when finite and var + eps is not tiny.
+HWY_INLINE bool ChunkedSumUsable(double sum_sq, double inv_h, double eps) {
+  return sum_sq < HUGE_VAL && sum_sq * inv_h + eps >= kStatFloor;  // false for NaN
+}
+
 // LayerNorm mean and population variance in two passes over the row.
 // Pass 1: a shift m = the mean estimated in fp32 (the double sum when that is
-// not finite). Pass 2: with d = x - m in double, mean = m + sum(d)/h and
-// var = sum(d^2)/h - (sum(d)/h)^2. m is off the mean by fp32 rounding only,
-// so the subtraction cancels next to nothing (relative error ~ h * 2^-53 *
-// (1 + (mean - m)^2 / var)): the result matches the two-pass double
-// reference, at one f32 -> f64 conversion per element instead of two.
-// inf/NaN in x give a non-finite mean and a NaN variance, as the reference.
+// not finite). Pass 2: with d = x - m, mean = m + sum(d)/h and var =
+// sum(d^2)/h - (sum(d)/h)^2. m is off the mean by fp32 rounding only, so the
+// subtraction cancels next to nothing. Pass 2 runs on fp32 chunks
+// (RowShiftedSumsChunked) and, when that is not usable, in double with d
+// exact (relative error ~ h * 2^-53 * (1 + (mean - m)^2 / var)): the result
+// matches the two-pass double reference. inf/NaN in x give a non-finite mean
+// and a NaN variance, as the reference.
 template <class T>
-HWY_INLINE void RowMeanVar(const T* HWY_RESTRICT x, size_t h, double& mean, double& var) {
+HWY_INLINE void RowMeanVar(const T* HWY_RESTRICT x, size_t h, double eps, double& mean, double& var) {
   const double inv_h = 1.0 / double(h);
   double m = double(RowSumF32(x, h)) * inv_h;
   if (!std::isfinite(m)) {
@@ -266,23 +379,29 @@ HWY_INLINE void RowMeanVar(const T* HWY_RESTRICT x, size_t h, double& mean, doub
       return;
     }
   }
-  m = double(float(m));  // keeps x - m exact in double
+  const float mf = float(m);
+  m = double(mf);  // keeps x - m exact in double
   double sum_d, sum_dd;
-  RowShiftedSums(x, h, m, sum_d, sum_dd);
+  RowShiftedSumsChunked(x, h, mf, sum_d, sum_dd);
+  if (!ChunkedSumUsable(sum_dd, inv_h, eps)) RowShiftedSums(x, h, m, sum_d, sum_dd);
   const double dm = sum_d * inv_h;
   mean = m + dm;
   var = std::max(sum_dd * inv_h - dm * dm, 0.0);
 }
 
 // One row's mu (LayerNorm; 0 for RMSNorm) and rsigma = 1/sqrt(var + eps),
-// computed in double and rounded to float once (the kernels store these).
+// computed in double from the sums and rounded to float once (the kernels
+// store these).
 template <bool kLayerNorm, class T>
 HWY_INLINE void RowStats(const T* HWY_RESTRICT x, size_t h, double eps, float& mu, float& rsigma) {
   double mean = 0.0, var;
   if (kLayerNorm) {
-    RowMeanVar(x, h, mean, var);
+    RowMeanVar(x, h, eps, mean, var);
   } else {
-    var = RowSumSq(x, h) / double(h);
+    const double inv_h = 1.0 / double(h);
+    double sum_sq = RowSumSqChunked(x, h);
+    if (!ChunkedSumUsable(sum_sq, inv_h, eps)) sum_sq = RowSumSq(x, h);
+    var = sum_sq * inv_h;
   }
   mu = float(mean);
   rsigma = float(1.0 / std::sqrt(var + eps));
@@ -293,6 +412,87 @@ HWY_INLINE void RowStats(const T* HWY_RESTRICT x, size_t h, double eps, float& m
 template <bool kCenter, class V>
 HWY_INLINE V Center(V v, V m) {
   return kCenter ? hn::Sub(v, m) : v;
+}
+
+// z for one row of bf16 x into bf16 z. A u32 lane holds the pair (x[2k],
+// x[2k + 1]): bits << 16 and bits & 0xFFFF0000 are both as fp32 with no
+// shuffle, gamma and beta come in the same order (bf16 read the same way,
+// kRaw; else FwdArgs::g_pairs), and the rounded pair goes back into one u32
+// lane. The arithmetic is FwdRowsT's, so z is bit for bit what that loop
+// gives. Every NaN here has a zero low half (bf16 data, g_pairs' NaNs
+// canonicalised by SplitPairs, default NaNs), so the rounding needs no NaN
+// select (RoundBF16HiFromBF16Data).
+template <bool kLayerNorm, bool kRaw, bool kPlusOne>
+HWY_INLINE void FwdRowBf16Pairs(const FwdArgs& a, const bfloat16_t* HWY_RESTRICT x, bfloat16_t* HWY_RESTRICT z,
+                                const bfloat16_t* HWY_RESTRICT next, float mu_f, float rs_f) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const size_t nf = hn::Lanes(df);
+  const size_t h = size_t(a.h);
+  const size_t hp = h / 2;
+  const auto vmu = hn::Set(df, mu_f);
+  const auto vrs = hn::Set(df, rs_f);
+  const auto hi_mask = hn::Set(du, 0xFFFF0000u);
+  const auto one = hn::Set(df, 1.0f);
+  const uint32_t* HWY_RESTRICT xu = reinterpret_cast<const uint32_t*>(x);
+  uint32_t* HWY_RESTRICT zu = reinterpret_cast<uint32_t*>(z);
+  const uint32_t* HWY_RESTRICT gu = reinterpret_cast<const uint32_t*>(a.g16);
+  const uint32_t* HWY_RESTRICT bu = reinterpret_cast<const uint32_t*>(a.b16);
+  const bool stream = a.stream;
+  size_t i = 0;
+  for (; i + 2 * nf <= h; i += 2 * nf) {
+    __builtin_prefetch(next + i, 0, 2);
+    const size_t j = i / 2;
+    const auto w = hn::LoadU(du, xu + j);
+    const auto xe = Center<kLayerNorm>(hn::BitCast(df, hn::ShiftLeft<16>(w)), vmu);
+    const auto xo = Center<kLayerNorm>(hn::BitCast(df, hn::And(w, hi_mask)), vmu);
+    hn::Vec<decltype(df)> ge, go, be, bo;
+    if constexpr (kRaw) {
+      const auto gw = hn::LoadU(du, gu + j);
+      ge = hn::BitCast(df, hn::ShiftLeft<16>(gw));
+      go = hn::BitCast(df, hn::And(gw, hi_mask));
+      if constexpr (kPlusOne) {
+        ge = hn::Add(ge, one);
+        go = hn::Add(go, one);
+      }
+      if constexpr (kLayerNorm) {
+        const auto bw = hn::LoadU(du, bu + j);
+        be = hn::BitCast(df, hn::ShiftLeft<16>(bw));
+        bo = hn::BitCast(df, hn::And(bw, hi_mask));
+      }
+    } else {
+      ge = hn::LoadU(df, a.g_pairs + j);
+      go = hn::LoadU(df, a.g_pairs + hp + j);
+      if constexpr (kLayerNorm) {
+        be = hn::LoadU(df, a.b_pairs + j);
+        bo = hn::LoadU(df, a.b_pairs + hp + j);
+      }
+    }
+    const auto gse = hn::Mul(vrs, ge), gso = hn::Mul(vrs, go);
+    const auto ze = kLayerNorm ? hn::MulAdd(xe, gse, be) : hn::Mul(xe, gse);
+    const auto zo = kLayerNorm ? hn::MulAdd(xo, gso, bo) : hn::Mul(xo, gso);
+    const auto out =
+        hn::Or(hn::ShiftRight<16>(RoundBF16HiFromBF16Data(ze, df)), hn::And(RoundBF16HiFromBF16Data(zo, df), hi_mask));
+    if (stream) {  // chosen only when rows are aligned and h % (2 * nf) == 0
+      hn::Stream(out, du, zu + j);
+    } else {
+      hn::StoreU(out, du, zu + j);
+    }
+  }
+  for (; i < h; ++i) {
+    float g, b = 0.0f;
+    if constexpr (kRaw) {
+      g = ScalarLoad(reinterpret_cast<const bfloat16_t*>(a.g16) + i);
+      if constexpr (kPlusOne) g += 1.0f;
+      if constexpr (kLayerNorm) b = ScalarLoad(reinterpret_cast<const bfloat16_t*>(a.b16) + i);
+    } else {
+      g = a.g[i];
+      if constexpr (kLayerNorm) b = a.b[i];
+    }
+    float zv = (kLayerNorm ? ScalarLoad(x + i) - mu_f : ScalarLoad(x + i)) * (rs_f * g);
+    if (kLayerNorm) zv += b;
+    ScalarStore(zv, z + i);
+  }
 }
 
 // Rows [r0, r1): the statistics read the row (LayerNorm twice), z reads it
@@ -318,6 +518,16 @@ HWY_NOINLINE void FwdRowsT(const FwdArgs& a, int64_t r0, int64_t r1) {
     // row) at least once per 64 bytes: all of it is prefetched into L2 while
     // this row is computed, so its memory traffic overlaps the arithmetic.
     const TX* HWY_RESTRICT next = r + 1 < r1 ? x + h : x;
+    if constexpr (std::is_same_v<TX, bfloat16_t> && std::is_same_v<TZ, bfloat16_t>) {
+      if (a.g16 == nullptr) {
+        FwdRowBf16Pairs<kLayerNorm, false, false>(a, x, z, next, mu_f, rs_f);
+      } else if (a.plus_one) {
+        FwdRowBf16Pairs<kLayerNorm, true, true>(a, x, z, next, mu_f, rs_f);
+      } else {
+        FwdRowBf16Pairs<kLayerNorm, true, false>(a, x, z, next, mu_f, rs_f);
+      }
+      continue;
+    }
 
     const auto vmu = hn::Set(df, mu_f);
     const auto vrs = hn::Set(df, rs_f);
@@ -520,6 +730,60 @@ HWY_INLINE const float* RowAsF32(const void* base, DType t, int64_t r, size_t h,
   }
 }
 
+// Exported: dgamma (and dbeta when db) = the blocks' double partials added
+// in block order, rounded once to the output dtype (as StoreFromDouble).
+template <class T>
+HWY_INLINE void ReduceColumnT(const double* HWY_RESTRICT partial, int64_t blocks, size_t stride, size_t hs,
+                              T* HWY_RESTRICT out) {
+  const hn::ScalableTag<double> dd;
+  const hn::Rebind<float, decltype(dd)> dfh;
+  const size_t nd = hn::Lanes(dd);
+  size_t i = 0;
+  for (; i + nd <= hs; i += nd) {
+    auto s = hn::Zero(dd);
+    for (int64_t blk = 0; blk < blocks; ++blk) s = hn::Add(s, hn::LoadU(dd, partial + size_t(blk) * stride + i));
+    StoreF(hn::DemoteTo(dfh, s), dfh, out + i);
+  }
+  for (; i < hs; ++i) {
+    double s = 0.0;
+    for (int64_t blk = 0; blk < blocks; ++blk) s += partial[size_t(blk) * stride + i];
+    ScalarStore(float(s), out + i);
+  }
+}
+void NormReduceColumn(const double* partial, int64_t blocks, size_t stride, size_t hs, void* out, DType t) {
+  switch (t) {
+    case DType::kF32:
+      return ReduceColumnT(partial, blocks, stride, hs, static_cast<float*>(out));
+    case DType::kBF16:
+      return ReduceColumnT(partial, blocks, stride, hs, static_cast<bfloat16_t*>(out));
+    default:
+      return ReduceColumnT(partial, blocks, stride, hs, static_cast<float16_t*>(out));
+  }
+}
+
+// Exported: a gamma/beta vector of n elements of dtype t as fp32, plus one
+// when plus_one (the same float(g) + 1.0f as the scalar form).
+void VectorToF32Simd(const void* src, DType t, int64_t n, bool plus_one, float* HWY_RESTRICT dst) {
+  switch (t) {
+    case DType::kF32:
+      RowToF32T(static_cast<const float*>(src), dst, size_t(n));
+      break;
+    case DType::kBF16:
+      RowToF32T(static_cast<const bfloat16_t*>(src), dst, size_t(n));
+      break;
+    default:
+      RowToF32T(static_cast<const float16_t*>(src), dst, size_t(n));
+      break;
+  }
+  if (!plus_one) return;
+  const hn::ScalableTag<float> df;
+  const size_t nf = hn::Lanes(df);
+  const auto one = hn::Set(df, 1.0f);
+  size_t i = 0;
+  for (; i + nf <= size_t(n); i += nf) hn::StoreU(hn::Add(hn::LoadU(df, dst + i), one), df, dst + i);
+  for (; i < size_t(n); ++i) dst[i] += 1.0f;
+}
+
 HWY_INLINE void RowFromF32(const float* src, DType t, void* base, int64_t r, size_t h) {
   if (t == DType::kBF16) {
     RowFromF32T(src, static_cast<bfloat16_t*>(base) + size_t(r) * h, h);
@@ -622,14 +886,13 @@ HWY_INLINE void BwdRow(const BwdArgs& a, int64_t r, const T* dz, const T* x, con
   }
 }
 
-// Exported: rows [r0, r1) of one block. scratch holds kBwdScratchRows * h
-// floats; dg/db (db NULL for RMSNorm) are this block's zero-initialised double
-// partials. The sums run in fp32 over short spans and are then added in
-// double: a row's two sums over chunks of kBwdChunk elements, the column sums
-// (dgamma, dbeta) over kBwdFoldRows rows at a time, in fp32 row buffers that
-// are then folded into dg/db. That keeps every fp32 sum to at most 256 terms
-// (error far inside the 5e-4 tolerance) and the loops at full vector width;
-// the order is fixed, so results depend only on (rows, num_threads).
+// Exported: rows [r0, r1) of one block (r1 > r0). scratch holds
+// kBwdScratchRows * h floats; dg/db (db NULL for RMSNorm) are this block's
+// double partials, written whole (their prior content is not read). The sums run in fp32 over short spans and are then
+// added in double: a row's two sums over chunks of kBwdChunk elements, the column sums (dgamma, dbeta) over
+// kBwdFoldRows rows at a time, in fp32 row buffers that are then folded into dg/db. That keeps every fp32 sum to at
+// most 256 terms (error far inside the 5e-4 tolerance) and the loops at full vector width; the order is fixed, so
+// results depend only on (rows, num_threads).
 void NormBwdBlock(const BwdArgs& a, int64_t r0, int64_t r1, float* scratch, double* dg, double* db) {
   const hn::ScalableTag<float> df;
   const hn::ScalableTag<double> dd;
@@ -646,9 +909,15 @@ void NormBwdBlock(const BwdArgs& a, int64_t r0, int64_t r1, float* scratch, doub
   float* HWY_RESTRICT cb = scratch + 5 * h;  // and of dz (LayerNorm)
   std::fill(cg, cg + hv, 0.0f);
   if (db) std::fill(cb, cb + hv, 0.0f);
+  // dg/db come uninitialised: the first fold stores, the later ones add; the
+  // columns past hv are summed into them directly by BwdRow.
+  std::fill(dg + hv, dg + h, 0.0);
+  if (db) std::fill(db + hv, db + h, 0.0);
+  bool folded = false;
   const auto fold = [&](float* HWY_RESTRICT c, double* HWY_RESTRICT d) HWY_ATTR {
     for (size_t i = 0; i < hv; i += nd) {
-      hn::StoreU(hn::Add(hn::LoadU(dd, d + i), hn::PromoteTo(dd, hn::LoadU(dfh, c + i))), dd, d + i);
+      const auto v = hn::PromoteTo(dd, hn::LoadU(dfh, c + i));
+      hn::StoreU(folded ? hn::Add(hn::LoadU(dd, d + i), v) : v, dd, d + i);
       hn::StoreU(hn::Zero(dfh), dfh, c + i);
     }
   };
@@ -694,6 +963,7 @@ void NormBwdBlock(const BwdArgs& a, int64_t r0, int64_t r1, float* scratch, doub
     if (++since_fold == kBwdFoldRows || r + 1 == r1) {
       fold(cg, dg);
       if (db) fold(cb, db);
+      folded = true;
       since_fold = 0;
     }
   }
@@ -709,6 +979,8 @@ namespace tefl::backends {
 
 HWY_EXPORT(NormFwdRows);
 HWY_EXPORT(NormBwdBlock);
+HWY_EXPORT(VectorToF32Simd);
+HWY_EXPORT(NormReduceColumn);
 
 namespace {
 
@@ -718,25 +990,33 @@ namespace {
 // ~1.6x faster on Zen 4).
 constexpr int64_t kStreamMinBytes = int64_t(32) << 20;
 
-// A gamma/beta vector of n elements as fp32, plus one when plus_one.
-template <class Load>
-void ConvertVector(Load load, int64_t n, bool plus_one, float* dst) {
-  if (plus_one) {
-    for (int64_t i = 0; i < n; ++i) dst[i] = load(i) + 1.0f;
-  } else {
-    for (int64_t i = 0; i < n; ++i) dst[i] = load(i);
-  }
-}
+// A gamma/beta vector of n elements as fp32, plus one when plus_one
+// (vectorised per target: fp16 without F16C in scalar code took ~4 ns an
+// element, most of a [1, 4096] call).
 void VectorToF32(const DLTensor* t, int64_t n, bool plus_one, float* dst) {
-  const void* src = DataPtr(t);
-  const auto* p16 = static_cast<const uint16_t*>(src);
-  switch (DTypeOf(t->dtype)) {
-    case DType::kF32:
-      return ConvertVector([&](int64_t i) { return static_cast<const float*>(src)[i]; }, n, plus_one, dst);
-    case DType::kBF16:
-      return ConvertVector([&](int64_t i) { return BF16ToFloat(p16[i]); }, n, plus_one, dst);
-    default:
-      return ConvertVector([&](int64_t i) { return F16ToFloat(p16[i]); }, n, plus_one, dst);
+  HWY_DYNAMIC_DISPATCH(VectorToF32Simd)(DataPtr(t), DTypeOf(t->dtype), n, plus_one, dst);
+}
+
+// gamma (+1) or beta as fp32: an fp32 vector used as is is read in place, any
+// other is converted into buf (n floats).
+const float* VectorAsF32(const DLTensor* t, int64_t n, bool plus_one, float* buf) {
+  if (DTypeOf(t->dtype) == DType::kF32 && !plus_one) return static_cast<const float*>(DataPtr(t));
+  VectorToF32(t, n, plus_one, buf);
+  return buf;
+}
+
+// v's even elements, then its odd ones (h / 2 each: FwdArgs::g_pairs). A NaN
+// becomes a quiet NaN with the same sign and upper payload bits and a zero
+// low half, as every other NaN of the bf16 pair loop (see FwdRowsT).
+void SplitPairs(const float* v, int64_t h, float* dst) {
+  const int64_t hp = h / 2;
+  const auto canonical = [](float f) {
+    if (!std::isnan(f)) return f;
+    return std::bit_cast<float>((std::bit_cast<uint32_t>(f) & 0xFFFF0000u) | 0x00400000u);
+  };
+  for (int64_t j = 0; j < hp; ++j) {
+    dst[j] = canonical(v[2 * j]);
+    dst[hp + j] = canonical(v[2 * j + 1]);
   }
 }
 
@@ -788,11 +1068,6 @@ tefl_status* NormFwd(const tefl_call_frame* f, bool layernorm, bool fp8 = false)
       return nullptr;
     }
 
-    // gamma (+1) and beta as fp32, once per call.
-    std::vector<float> gb(size_t(layernorm ? 2 : 1) * size_t(h));
-    VectorToF32(gamma, h, attrs->zero_centered_gamma != 0, gb.data());
-    if (beta) VectorToF32(beta, h, false, gb.data() + h);
-
     FwdArgs a{};
     a.layernorm = layernorm;
     a.tx = tx;
@@ -801,8 +1076,29 @@ tefl_status* NormFwd(const tefl_call_frame* f, bool layernorm, bool fp8 = false)
     a.eps = double(attrs->eps);
     a.x = DataPtr(x);
     a.z = DataPtr(z);
-    a.g = gb.data();
-    a.b = beta ? gb.data() + h : nullptr;
+    // gamma (+1) and beta: bf16 x, z, gamma and beta are read in place (no
+    // per-call work: a [1, 4096] call is mostly this conversion otherwise);
+    // else as fp32 once per call, split into pairs as well for bf16 x and z.
+    std::vector<float> gb, pairs;
+    const bool pair_loop = !fp8 && tx == DType::kBF16 && tz == DType::kBF16;
+    if (pair_loop && tg == DType::kBF16 && (!beta || tb == DType::kBF16)) {
+      a.g16 = static_cast<const uint16_t*>(DataPtr(gamma));
+      a.b16 = beta ? static_cast<const uint16_t*>(DataPtr(beta)) : nullptr;
+      a.plus_one = attrs->zero_centered_gamma != 0;
+    } else {
+      gb.resize(size_t(layernorm ? 2 : 1) * size_t(h));
+      a.g = VectorAsF32(gamma, h, attrs->zero_centered_gamma != 0, gb.data());
+      a.b = beta ? VectorAsF32(beta, h, false, gb.data() + h) : nullptr;
+      if (pair_loop) {
+        pairs.resize(gb.size());
+        SplitPairs(a.g, h, pairs.data());
+        a.g_pairs = pairs.data();
+        if (beta) {
+          SplitPairs(a.b, h, pairs.data() + h);
+          a.b_pairs = pairs.data() + h;
+        }
+      }
+    }
     a.mu = mu ? static_cast<float*>(DataPtr(mu)) : nullptr;
     a.rsigma = static_cast<float*>(DataPtr(rsigma));
     a.fp8 = fp8;
@@ -847,6 +1143,23 @@ void BwdBody(void* ctx, int64_t begin, int64_t end) {
   }
 }
 
+// The backward's working memory: gamma as fp32 and each block's fp32 rows
+// (scratch), each block's double column partials. Kept per calling thread
+// and reused, up to kBwdBuffersCacheBytes: allocated per call, a few hundred
+// KiB were mapped afresh every time (glibc gives the freed top of the heap
+// back), which cost more than the arithmetic for small row counts
+// (layernorm_bwd [1, 4096]: ~60 us; docs/performance.md, session 22). Larger calls
+// allocate per call, where the faults are small next to the work.
+struct BwdBuffers {
+  std::vector<float> scratch;
+  std::vector<double> partial;
+};
+constexpr size_t kBwdBuffersCacheBytes = size_t(4) << 20;
+BwdBuffers& ThreadBwdBuffers() {
+  thread_local BwdBuffers buffers;
+  return buffers;
+}
+
 // kind: 0 layernorm_bwd, 1 rmsnorm_bwd, 2 rmsnorm_bwd_add.
 tefl_status* NormBwd(const tefl_call_frame* f, int kind) {
   try {
@@ -878,11 +1191,17 @@ tefl_status* NormBwd(const tefl_call_frame* f, int kind) {
     // Fixed blocks: the partition depends only on (rows, num_threads).
     const int64_t blocks = rows == 0 ? 0 : std::min<int64_t>(std::max<int64_t>(1, f->host->num_threads()), rows);
 
-    std::vector<double> partial(size_t(blocks) * ncols * hs, 0.0);
+    const size_t n_partial = size_t(blocks) * ncols * hs;
+    const size_t n_scratch = hs + size_t(blocks) * kBwdScratchRows * hs;  // gamma as fp32, then the blocks' rows
+    BwdBuffers per_call;
+    BwdBuffers& buffers =
+        n_partial * sizeof(double) + n_scratch * sizeof(float) <= kBwdBuffersCacheBytes ? ThreadBwdBuffers() : per_call;
+    if (buffers.partial.size() < n_partial) buffers.partial.resize(n_partial);
+    if (buffers.scratch.size() < n_scratch) buffers.scratch.resize(n_scratch);
+    double* partial = buffers.partial.data();  // written whole by NormBwdBlock
     if (blocks > 0) {
-      std::vector<float> g(hs);
-      VectorToF32(gamma, h, attrs->zero_centered_gamma != 0, g.data());
-      std::vector<float> scratch(size_t(blocks) * kBwdScratchRows * hs);
+      const float* g32 = VectorAsF32(gamma, h, attrs->zero_centered_gamma != 0, buffers.scratch.data());
+      float* scratch = buffers.scratch.data() + hs;
 
       BwdArgs a{};
       a.layernorm = layernorm;
@@ -896,7 +1215,7 @@ tefl_status* NormBwd(const tefl_call_frame* f, int kind) {
       a.add = add ? DataPtr(add) : nullptr;
       a.mu = mu ? static_cast<const float*>(DataPtr(mu)) : nullptr;
       a.rsigma = static_cast<const float*>(DataPtr(rsigma));
-      a.g = g.data();
+      a.g = g32;
       a.dx = DataPtr(dx);
       a.same = tdz == tx && tx == tdx && (!add || tadd == tx);
       // Streamed only where BwdRow writes dx itself: a.same or dx fp32.
@@ -904,23 +1223,13 @@ tefl_status* NormBwd(const tefl_call_frame* f, int kind) {
       a.stream = (a.same || tdx == DType::kF32) && rows * dx_row_bytes >= kStreamMinBytes && dx_row_bytes % 64 == 0 &&
                  reinterpret_cast<uintptr_t>(a.dx) % 64 == 0;
 
-      BwdCtx c{&a, rows, blocks, hs, ncols, scratch.data(), partial.data()};
+      BwdCtx c{&a, rows, blocks, hs, ncols, scratch, partial};
       f->host->parallel_for(blocks, 1, BwdBody, &c);
     }
 
     // Reduce the block partials in block order (zeros when rows == 0).
-    void* dgp = DataPtr(dgamma);
-    void* dbp = dbeta ? DataPtr(dbeta) : nullptr;
-    for (size_t i = 0; i < hs; ++i) {
-      double sg = 0.0, sb = 0.0;
-      for (int64_t blk = 0; blk < blocks; ++blk) {
-        const double* p = partial.data() + size_t(blk) * ncols * hs;
-        sg += p[i];
-        if (dbp) sb += p[hs + i];
-      }
-      StoreFromDouble(dgp, int64_t(i), tdg, sg);
-      if (dbp) StoreFromDouble(dbp, int64_t(i), tdb, sb);
-    }
+    HWY_DYNAMIC_DISPATCH(NormReduceColumn)(partial, blocks, ncols * hs, hs, DataPtr(dgamma), tdg);
+    if (dbeta) HWY_DYNAMIC_DISPATCH(NormReduceColumn)(partial + hs, blocks, ncols * hs, hs, DataPtr(dbeta), tdb);
     return nullptr;
   } catch (const std::exception& e) {
     return Status(f, TEFL_INTERNAL, e.what());
