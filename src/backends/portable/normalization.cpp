@@ -1143,14 +1143,18 @@ void BwdBody(void* ctx, int64_t begin, int64_t end) {
   }
 }
 
-// The backward's working memory: gamma as fp32 and each block's fp32 rows
-// (scratch), each block's double column partials. Kept per calling thread
-// and reused, up to kBwdBuffersCacheBytes: allocated per call, a few hundred
-// KiB were mapped afresh every time (glibc gives the freed top of the heap
-// back), which cost more than the arithmetic for small row counts
-// (layernorm_bwd [1, 4096]: ~60 us; docs/performance.md, session 22). Larger calls
-// allocate per call, where the faults are small next to the work.
+// The backward's working memory: gamma as fp32, each block's fp32 rows
+// (scratch) and double column partials. Calls that do not stream dx keep it
+// per calling thread and reuse it, up to kBwdBuffersCacheBytes: allocated per
+// call, a few hundred KiB were mapped afresh every time (glibc gives the
+// freed top of the heap back), more than the arithmetic of small calls
+// (layernorm_bwd bf16 [1, 4096]: 76 us before, 8 us after; docs/performance.md,
+// session 22). Streaming calls (dx >= 32 MiB) allocate per call: with reused
+// buffers they ran 20-30 % slower on the Zen 3 of session 22 (bf16 [4096,
+// 4096] and [8192, 4096]; [3072, 4096], not streamed, did not move), for a
+// reason not established; their page faults are far below 1 % of their work.
 struct BwdBuffers {
+  std::vector<float> gamma;
   std::vector<float> scratch;
   std::vector<double> partial;
 };
@@ -1191,18 +1195,24 @@ tefl_status* NormBwd(const tefl_call_frame* f, int kind) {
     // Fixed blocks: the partition depends only on (rows, num_threads).
     const int64_t blocks = rows == 0 ? 0 : std::min<int64_t>(std::max<int64_t>(1, f->host->num_threads()), rows);
 
+    const bool same = tdz == tx && tx == tdx && (!add || tadd == tx);
+    // Streamed only where BwdRow writes dx itself: same dtypes or dx fp32.
+    const int64_t dx_row_bytes = h * int64_t(FloatElemSize(tdx));
+    const bool stream = (same || tdx == DType::kF32) && rows * dx_row_bytes >= kStreamMinBytes &&
+                        dx_row_bytes % 64 == 0 && reinterpret_cast<uintptr_t>(DataPtr(dx)) % 64 == 0;
+
     const size_t n_partial = size_t(blocks) * ncols * hs;
-    const size_t n_scratch = hs + size_t(blocks) * kBwdScratchRows * hs;  // gamma as fp32, then the blocks' rows
+    const size_t n_scratch = size_t(blocks) * kBwdScratchRows * hs;
     BwdBuffers per_call;
-    BwdBuffers& buffers =
-        n_partial * sizeof(double) + n_scratch * sizeof(float) <= kBwdBuffersCacheBytes ? ThreadBwdBuffers() : per_call;
+    const size_t bytes = (hs + n_scratch) * sizeof(float) + n_partial * sizeof(double);
+    BwdBuffers& buffers = !stream && bytes <= kBwdBuffersCacheBytes ? ThreadBwdBuffers() : per_call;
+    // This order (partials, gamma, rows) is the one the streaming calls were
+    // measured fastest with (session 22).
     if (buffers.partial.size() < n_partial) buffers.partial.resize(n_partial);
+    if (buffers.gamma.size() < hs) buffers.gamma.resize(hs);
     if (buffers.scratch.size() < n_scratch) buffers.scratch.resize(n_scratch);
     double* partial = buffers.partial.data();  // written whole by NormBwdBlock
     if (blocks > 0) {
-      const float* g32 = VectorAsF32(gamma, h, attrs->zero_centered_gamma != 0, buffers.scratch.data());
-      float* scratch = buffers.scratch.data() + hs;
-
       BwdArgs a{};
       a.layernorm = layernorm;
       a.tdz = tdz;
@@ -1215,14 +1225,12 @@ tefl_status* NormBwd(const tefl_call_frame* f, int kind) {
       a.add = add ? DataPtr(add) : nullptr;
       a.mu = mu ? static_cast<const float*>(DataPtr(mu)) : nullptr;
       a.rsigma = static_cast<const float*>(DataPtr(rsigma));
-      a.g = g32;
+      a.g = VectorAsF32(gamma, h, attrs->zero_centered_gamma != 0, buffers.gamma.data());
       a.dx = DataPtr(dx);
-      a.same = tdz == tx && tx == tdx && (!add || tadd == tx);
-      // Streamed only where BwdRow writes dx itself: a.same or dx fp32.
-      const int64_t dx_row_bytes = h * int64_t(FloatElemSize(tdx));
-      a.stream = (a.same || tdx == DType::kF32) && rows * dx_row_bytes >= kStreamMinBytes && dx_row_bytes % 64 == 0 &&
-                 reinterpret_cast<uintptr_t>(a.dx) % 64 == 0;
+      a.same = same;
+      a.stream = stream;
 
+      float* scratch = buffers.scratch.data();
       BwdCtx c{&a, rows, blocks, hs, ncols, scratch, partial};
       f->host->parallel_for(blocks, 1, BwdBody, &c);
     }
