@@ -946,6 +946,11 @@ void ActivationItems(const Job& j, int64_t begin, int64_t end) {
   }
 }
 
+// Exported: dbias from the blocks' double partials (SumBlocksToDtype).
+void DbiasFromPartials(const double* partial, int64_t blocks, size_t h, void* out, DType t) {
+  SumBlocksToDtype(partial, blocks, h, h, out, t);
+}
+
 }  // namespace tefl::backends::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -955,6 +960,7 @@ namespace tefl::backends {
 
 HWY_EXPORT(ActivationItems);
 HWY_EXPORT(GatedFp8Items);
+HWY_EXPORT(DbiasFromPartials);
 
 namespace {
 
@@ -1038,12 +1044,7 @@ tefl_status* Kernel(const tefl_call_frame* f, void*) {
       j.partial = partial.data();
       j.acc = acc.data();
       if (j.blocks > 0 && h > 0) f->host->parallel_for(j.blocks, 1, Body, &j);
-      void* dbp = DataPtr(dbias);
-      for (size_t c = 0; c < h; ++c) {
-        double s = 0.0;
-        for (int64_t blk = 0; blk < j.blocks; ++blk) s += partial[size_t(blk) * h + c];
-        StoreFromDouble(dbp, int64_t(c), tdb, s);
-      }
+      HWY_DYNAMIC_DISPATCH(DbiasFromPartials)(partial.data(), j.blocks, h, DataPtr(dbias), tdb);
       return nullptr;
     }
     if (j.n == 0) return nullptr;

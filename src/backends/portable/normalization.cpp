@@ -730,35 +730,9 @@ HWY_INLINE const float* RowAsF32(const void* base, DType t, int64_t r, size_t h,
   }
 }
 
-// Exported: dgamma (and dbeta when db) = the blocks' double partials added
-// in block order, rounded once to the output dtype (as StoreFromDouble).
-template <class T>
-HWY_INLINE void ReduceColumnT(const double* HWY_RESTRICT partial, int64_t blocks, size_t stride, size_t hs,
-                              T* HWY_RESTRICT out) {
-  const hn::ScalableTag<double> dd;
-  const hn::Rebind<float, decltype(dd)> dfh;
-  const size_t nd = hn::Lanes(dd);
-  size_t i = 0;
-  for (; i + nd <= hs; i += nd) {
-    auto s = hn::Zero(dd);
-    for (int64_t blk = 0; blk < blocks; ++blk) s = hn::Add(s, hn::LoadU(dd, partial + size_t(blk) * stride + i));
-    StoreF(hn::DemoteTo(dfh, s), dfh, out + i);
-  }
-  for (; i < hs; ++i) {
-    double s = 0.0;
-    for (int64_t blk = 0; blk < blocks; ++blk) s += partial[size_t(blk) * stride + i];
-    ScalarStore(float(s), out + i);
-  }
-}
+// Exported: dgamma or dbeta from the blocks' partials (SumBlocksToDtype).
 void NormReduceColumn(const double* partial, int64_t blocks, size_t stride, size_t hs, void* out, DType t) {
-  switch (t) {
-    case DType::kF32:
-      return ReduceColumnT(partial, blocks, stride, hs, static_cast<float*>(out));
-    case DType::kBF16:
-      return ReduceColumnT(partial, blocks, stride, hs, static_cast<bfloat16_t*>(out));
-    default:
-      return ReduceColumnT(partial, blocks, stride, hs, static_cast<float16_t*>(out));
-  }
+  SumBlocksToDtype(partial, blocks, stride, hs, out, t);
 }
 
 // Exported: a gamma/beta vector of n elements of dtype t as fp32, plus one

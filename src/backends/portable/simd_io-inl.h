@@ -259,6 +259,44 @@ HWY_INLINE void StreamF(hn::Vec<DF> v, DF df, float16_t* HWY_RESTRICT p) {
 #endif
 }
 
+// ---- Column sums of per-block partials -------------------------------------
+// out[i] = sum over blk < blocks of partial[blk * stride + i], added in block
+// order in double and rounded once to dtype t (double -> float -> t, as
+// StoreFromDouble): the deterministic reduction of dbias / dgamma / dbeta.
+template <class T>
+HWY_INLINE void SumBlocksT(const double* HWY_RESTRICT partial, int64_t blocks, size_t stride, size_t n,
+                           T* HWY_RESTRICT out) {
+  const hn::ScalableTag<double> dd;
+  const hn::Rebind<float, decltype(dd)> dfh;
+  const size_t nd = hn::Lanes(dd);
+  size_t i = 0;
+  // The emulated targets' DemoteTo clamps to +-FLT_MAX; the C++ conversion
+  // (and every hardware one) rounds a sum beyond it to +-inf, as the
+  // reference does.
+  constexpr bool kHardwareDemote = HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128;
+  for (; kHardwareDemote && i + nd <= n; i += nd) {
+    auto s = hn::Zero(dd);
+    for (int64_t blk = 0; blk < blocks; ++blk) s = hn::Add(s, hn::LoadU(dd, partial + size_t(blk) * stride + i));
+    StoreF(hn::DemoteTo(dfh, s), dfh, out + i);
+  }
+  for (; i < n; ++i) {
+    double s = 0.0;
+    for (int64_t blk = 0; blk < blocks; ++blk) s += partial[size_t(blk) * stride + i];
+    ScalarStore(float(s), out + i);
+  }
+}
+// out has dtype t: fp32, bf16 or fp16.
+HWY_INLINE void SumBlocksToDtype(const double* partial, int64_t blocks, size_t stride, size_t n, void* out, DType t) {
+  switch (t) {
+    case DType::kF32:
+      return SumBlocksT(partial, blocks, stride, n, static_cast<float*>(out));
+    case DType::kBF16:
+      return SumBlocksT(partial, blocks, stride, n, static_cast<bfloat16_t*>(out));
+    default:
+      return SumBlocksT(partial, blocks, stride, n, static_cast<float16_t*>(out));
+  }
+}
+
 }  // namespace tefl::backends::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
