@@ -21,6 +21,8 @@ import statistics
 import subprocess
 import sys
 
+from bench_table import print_table
+
 
 def run_once(tefl, libdir, bench_args):
     env = dict(os.environ)
@@ -71,15 +73,7 @@ def main():
         ratios = [x / y for x, y in zip(a, b)]
         fmt = lambda v: f"{statistics.median(v):.4g} ({min(v):.4g}-{max(v):.4g})"
         rows.append([*k, fmt(a), fmt(b), f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"])
-    if args.markdown:
-        print("| " + " | ".join(head) + " |")
-        print("|" + "---|" * len(head))
-        for row in rows:
-            print("| " + " | ".join(row) + " |")
-    else:
-        widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-        for row in [head, *rows]:
-            print("  ".join(str(x).ljust(w) for x, w in zip(row, widths)))
+    print_table(head, rows, args.markdown)
     print(f"({args.rounds} rounds, A = {args.a}, B = {args.b})")
 
 

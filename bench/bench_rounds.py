@@ -17,6 +17,8 @@ import statistics
 import subprocess
 import sys
 
+from bench_table import print_table
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -57,16 +59,7 @@ def main():
     if nt_copies:
         copy_line += f", NT copy {span(nt_copies, '{:.1f}')} GB/s"
     print(copy_line)
-    if args.markdown:
-        print("| " + " | ".join(head) + " |")
-        print("|" + "---|" * len(head))
-        for l in lines:
-            print("| " + " | ".join(l) + " |")
-    else:
-        widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
-        for l in [head, *lines]:
-            print("  ".join(str(x).ljust(w) for x, w in zip(l, widths)).rstrip())
-
+    print_table(head, lines, args.markdown)
 
 if __name__ == "__main__":
     main()

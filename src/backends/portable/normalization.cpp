@@ -224,6 +224,17 @@ HWY_INLINE float RowSumF32(const T* HWY_RESTRICT x, size_t h) {
   return s;
 }
 
+// Elements [i, h) of the shifted sums, one at a time in double (the rows'
+// tails past the last full vector step).
+template <class T>
+HWY_INLINE void ShiftedSumsTail(const T* HWY_RESTRICT x, size_t i, size_t h, double m, double& sum_d, double& sum_dd) {
+  for (; i < h; ++i) {
+    const double d = double(ScalarLoad(x + i)) - m;
+    sum_d += d;
+    sum_dd += d * d;
+  }
+}
+
 // sum(x - m) and sum((x - m)^2) in double. For fp32 x and m, x - m is exact
 // in double (barring exponent gaps over 29 bits: then rounded once). It is
 // computed as x * 1 + (-m): an FMA rounds exactly like the subtraction but
@@ -253,15 +264,9 @@ HWY_INLINE void RowShiftedSums(const T* HWY_RESTRICT x, size_t h, double m, doub
     e0 = hn::Add(e0, hn::Add(d0, d1));
     e1 = hn::Add(e1, hn::Add(d2, d3));
   }
-  double s1 = hn::GetLane(hn::SumOfLanes(dd, hn::Add(e0, e1)));
-  double s2 = hn::GetLane(hn::SumOfLanes(dd, hn::Add(hn::Add(q0, q1), hn::Add(q2, q3))));
-  for (; i < h; ++i) {
-    const double d = double(ScalarLoad(x + i)) - m;
-    s1 += d;
-    s2 += d * d;
-  }
-  sum_d = s1;
-  sum_dd = s2;
+  sum_d = hn::GetLane(hn::SumOfLanes(dd, hn::Add(e0, e1)));
+  sum_dd = hn::GetLane(hn::SumOfLanes(dd, hn::Add(hn::Add(q0, q1), hn::Add(q2, q3))));
+  ShiftedSumsTail(x, i, h, m, sum_d, sum_dd);
 }
 
 // ---- fp32 statistics with double partials (the common case) ------------------
@@ -343,12 +348,7 @@ HWY_INLINE void RowShiftedSumsChunked(const T* HWY_RESTRICT x, size_t h, float m
     s1 += SumLanesToDouble(df, hn::Add(e0, e1));
     s2 += SumLanesToDouble(df, hn::Add(hn::Add(q0, q1), hn::Add(q2, q3)));
   }
-  const double md = double(m);
-  for (; i < h; ++i) {
-    const double d = double(ScalarLoad(x + i)) - md;
-    s1 += d;
-    s2 += d * d;
-  }
+  ShiftedSumsTail(x, i, h, double(m), s1, s2);
   sum_d = s1;
   sum_dd = s2;
 }
