@@ -276,10 +276,10 @@ HWY_INLINE void RowShiftedSums(const T* HWY_RESTRICT x, size_t h, double m, doub
 // statistics' rtol (5e-5) and of what fp32 z needs (5e-6): without the
 // f32 -> f64 conversion of every element, the loops run at memory speed on
 // AVX2 (bf16 [64, 4096], one thread: RMSNorm statistics took 35 % of the
-// call's time in double; docs/performance.md, session 22). The callers fall back to the
-// all-double loops above when a sum is not finite (inf/NaN in x, or an fp32
-// partial overflowed) or var + eps is so small that fp32 underflow in the
-// squares could matter (below 2^-100; with eps >= 1e-30 never).
+// call's time in double; docs/performance.md, session 22). The callers fall
+// back to the all-double loops above when a sum is not finite (inf/NaN in x,
+// or an fp32 partial overflowed) or var + eps is so small that fp32 underflow
+// in the squares could matter (below 2^-100; with eps >= 1e-30 never).
 constexpr size_t kStatAddsPerLane = 16;
 constexpr double kStatFloor = 0x1p-100;
 
@@ -862,10 +862,12 @@ HWY_INLINE void BwdRow(const BwdArgs& a, int64_t r, const T* dz, const T* x, con
 
 // Exported: rows [r0, r1) of one block (r1 > r0). scratch holds
 // kBwdScratchRows * h floats; dg/db (db NULL for RMSNorm) are this block's
-// double partials, written whole (their prior content is not read). The sums run in fp32 over short spans and are then
-// added in double: a row's two sums over chunks of kBwdChunk elements, the column sums (dgamma, dbeta) over
-// kBwdFoldRows rows at a time, in fp32 row buffers that are then folded into dg/db. That keeps every fp32 sum to at
-// most 256 terms (error far inside the 5e-4 tolerance) and the loops at full vector width; the order is fixed, so
+// double partials, written whole (their prior content is not read). The sums
+// run in fp32 over short spans and are then added in double: a row's two sums
+// over chunks of kBwdChunk elements, the column sums (dgamma, dbeta) over
+// kBwdFoldRows rows at a time, in fp32 row buffers that are then folded into
+// dg/db. That keeps every fp32 sum to at most 256 terms (error far inside the
+// 5e-4 tolerance) and the loops at full vector width; the order is fixed, so
 // results depend only on (rows, num_threads).
 void NormBwdBlock(const BwdArgs& a, int64_t r0, int64_t r1, float* scratch, double* dg, double* db) {
   const hn::ScalableTag<float> df;
