@@ -224,6 +224,18 @@ HWY_INLINE float RowSumF32(const T* HWY_RESTRICT x, size_t h) {
   return s;
 }
 
+// One step of the shifted sums (fp32 or double lanes): q_k += d_k^2, e0 +=
+// d0 + d1, e1 += d2 + d3.
+template <class V>
+HWY_INLINE void AddShifted(V d0, V d1, V d2, V d3, V& q0, V& q1, V& q2, V& q3, V& e0, V& e1) {
+  q0 = hn::MulAdd(d0, d0, q0);
+  q1 = hn::MulAdd(d1, d1, q1);
+  q2 = hn::MulAdd(d2, d2, q2);
+  q3 = hn::MulAdd(d3, d3, q3);
+  e0 = hn::Add(e0, hn::Add(d0, d1));
+  e1 = hn::Add(e1, hn::Add(d2, d3));
+}
+
 // Elements [i, h) of the shifted sums, one at a time in double (the rows'
 // tails past the last full vector step).
 template <class T>
@@ -257,12 +269,7 @@ HWY_INLINE void RowShiftedSums(const T* HWY_RESTRICT x, size_t h, double m, doub
     const auto d1 = hn::MulAdd(hn::PromoteTo(dd, f1), one, neg_m);
     const auto d2 = hn::MulAdd(hn::PromoteTo(dd, f2), one, neg_m);
     const auto d3 = hn::MulAdd(hn::PromoteTo(dd, f3), one, neg_m);
-    q0 = hn::MulAdd(d0, d0, q0);
-    q1 = hn::MulAdd(d1, d1, q1);
-    q2 = hn::MulAdd(d2, d2, q2);
-    q3 = hn::MulAdd(d3, d3, q3);
-    e0 = hn::Add(e0, hn::Add(d0, d1));
-    e1 = hn::Add(e1, hn::Add(d2, d3));
+    AddShifted(d0, d1, d2, d3, q0, q1, q2, q3, e0, e1);
   }
   sum_d = hn::GetLane(hn::SumOfLanes(dd, hn::Add(e0, e1)));
   sum_dd = hn::GetLane(hn::SumOfLanes(dd, hn::Add(hn::Add(q0, q1), hn::Add(q2, q3))));
@@ -338,12 +345,7 @@ HWY_INLINE void RowShiftedSumsChunked(const T* HWY_RESTRICT x, size_t h, float m
       Load2(df, x + i, f0, f1);
       Load2(df, x + i + 2 * n, f2, f3);
       const auto d0 = hn::Sub(f0, vm), d1 = hn::Sub(f1, vm), d2 = hn::Sub(f2, vm), d3 = hn::Sub(f3, vm);
-      q0 = hn::MulAdd(d0, d0, q0);
-      q1 = hn::MulAdd(d1, d1, q1);
-      q2 = hn::MulAdd(d2, d2, q2);
-      q3 = hn::MulAdd(d3, d3, q3);
-      e0 = hn::Add(e0, hn::Add(d0, d1));
-      e1 = hn::Add(e1, hn::Add(d2, d3));
+      AddShifted(d0, d1, d2, d3, q0, q1, q2, q3, e0, e1);
     }
     s1 += SumLanesToDouble(df, hn::Add(e0, e1));
     s2 += SumLanesToDouble(df, hn::Add(hn::Add(q0, q1), hn::Add(q2, q3)));
@@ -358,18 +360,46 @@ HWY_INLINE bool ChunkedSumUsable(double sum_sq, double inv_h, double eps) {
   return sum_sq < HUGE_VAL && sum_sq * inv_h + eps >= kStatFloor;  // false for NaN
 }
 
-// LayerNorm mean and population variance in two passes over the row.
-// Pass 1: a shift m = the mean estimated in fp32 (the double sum when that is
-// not finite). Pass 2: with d = x - m, mean = m + sum(d)/h and var =
-// sum(d^2)/h - (sum(d)/h)^2. m is off the mean by fp32 rounding only, so the
-// subtraction cancels next to nothing. Pass 2 runs on fp32 chunks
-// (RowShiftedSumsChunked) and, when that is not usable, in double with d
-// exact (relative error ~ h * 2^-53 * (1 + (mean - m)^2 / var)): the result
-// matches the two-pass double reference. inf/NaN in x give a non-finite mean
-// and a NaN variance, as the reference.
+// The mean of the row's first 4 vectors (fewer: all of it) in fp32: the shift
+// of LayerNorm's one-pass sums (RowMeanVar).
+template <class T>
+HWY_INLINE float RowHeadMean(const T* HWY_RESTRICT x, size_t h) {
+  const hn::ScalableTag<float> df;
+  const size_t n = hn::Lanes(df);
+  if (h < 4 * n) return RowSumF32(x, h) / float(h);
+  hn::Vec<decltype(df)> f0, f1, f2, f3;
+  Load2(df, x, f0, f1);
+  Load2(df, x + 2 * n, f2, f3);
+  return hn::GetLane(hn::SumOfLanes(df, hn::Add(hn::Add(f0, f1), hn::Add(f2, f3)))) / float(4 * n);
+}
+
+// LayerNorm mean and population variance. With d = x - m for a shift m,
+// mean = m + sum(d)/h and var = sum(d^2)/h - (sum(d)/h)^2, from fp32 chunk
+// sums (RowShiftedSumsChunked):
+//  - One pass, m = the mean of the row's head (RowHeadMean), when m is within
+//    one standard deviation of the mean: the subtraction then cancels at most
+//    half of sum(d^2)/h. Rows whose head is far off (a constant row, an
+//    outlier at the start) take the two passes below.
+//  - Two passes: m = the mean estimated in fp32 (the double sum when that is
+//    not finite), off the mean by fp32 rounding only. When the chunk sums are
+//    not usable, they are summed again in double with d exact (relative error
+//    ~ h * 2^-53 * (1 + (mean - m)^2 / var)): the result matches the two-pass
+//    double reference.
+// inf/NaN in x give a non-finite mean and a NaN variance, as the reference.
 template <class T>
 HWY_INLINE void RowMeanVar(const T* HWY_RESTRICT x, size_t h, double eps, double& mean, double& var) {
   const double inv_h = 1.0 / double(h);
+  double sum_d, sum_dd;
+  const float head = RowHeadMean(x, h);
+  if (std::isfinite(head)) {
+    RowShiftedSumsChunked(x, h, head, sum_d, sum_dd);
+    const double dm = sum_d * inv_h;
+    if (ChunkedSumUsable(sum_dd, inv_h, eps) && dm * dm <= 0.5 * (sum_dd * inv_h)) {
+      mean = double(head) + dm;
+      var = std::max(sum_dd * inv_h - dm * dm, 0.0);
+      return;
+    }
+  }
   double m = double(RowSumF32(x, h)) * inv_h;
   if (!std::isfinite(m)) {
     m = RowSum(x, h) * inv_h;  // overflow in fp32, or inf/NaN in x
@@ -381,7 +411,6 @@ HWY_INLINE void RowMeanVar(const T* HWY_RESTRICT x, size_t h, double eps, double
   }
   const float mf = float(m);
   m = double(mf);  // keeps x - m exact in double
-  double sum_d, sum_dd;
   RowShiftedSumsChunked(x, h, mf, sum_d, sum_dd);
   if (!ChunkedSumUsable(sum_dd, inv_h, eps)) RowShiftedSums(x, h, m, sum_d, sum_dd);
   const double dm = sum_d * inv_h;
