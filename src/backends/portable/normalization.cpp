@@ -13,8 +13,9 @@
 //    Forward rows whose fp32 sums are not finite or whose var + eps is below
 //    2^-100 are summed again all in double, so rows of huge (|x| ~ 1e30, x^2
 //    overflows fp32) or tiny (1e-30) magnitude still match a double-precision
-//    reference. LayerNorm's first pass only finds a shift near the mean, in
-//    fp32 (see RowMeanVar).
+//    reference. LayerNorm sums x - m for a shift m near the mean: in one pass
+//    with m = the mean of the row's head when that is within a standard
+//    deviation of the mean, else in two (see RowMeanVar).
 //  - bf16 x and z: one u32 lane holds a pair of elements, no shuffles
 //    (FwdRowBf16Pairs); bf16 gamma/beta are read in place, other dtypes
 //    converted once per call (vectorised). The backward keeps its working
