@@ -19,6 +19,19 @@ TEST(Abi, VersionAndHostServices) {
   EXPECT_STREQ(host->status_message(s), "boom");
   host->status_free(s);
   EXPECT_EQ(host->status_new(TEFL_OK, "ignored"), nullptr);  // OK is NULL
+  // A code the host does not know stays a failure, with a known code.
+  for (int32_t unknown : {-1, int32_t(TEFL_ABI_MISMATCH) + 1, 1000}) {
+    s = host->status_new(unknown, "from a newer plugin");
+    ASSERT_NE(s, nullptr);
+    EXPECT_EQ(host->status_code(s), TEFL_RUNTIME_ERROR);
+    EXPECT_EQ(std::string(host->status_message(s)),
+              "(unknown status code " + std::to_string(unknown) + ") from a newer plugin");
+    host->status_free(s);
+  }
+  s = host->status_new(TEFL_ABI_MISMATCH, nullptr);  // the last known code is kept; NULL message is ""
+  EXPECT_EQ(host->status_code(s), TEFL_ABI_MISMATCH);
+  EXPECT_STREQ(host->status_message(s), "");
+  host->status_free(s);
   EXPECT_GE(host->num_threads(), 1);
   ASSERT_NE(host->device_runtime, nullptr);
 }

@@ -279,6 +279,28 @@ TEST_F(ResolutionTest, ErrorDemotesOnlyThatSignature) {
     }
 }
 
+// A kernel returning a status code the host does not know (a newer
+// plugin's) has failed: the call falls back as for a runtime error, and the
+// warning keeps the number.
+TEST_F(ResolutionTest, UnknownStatusCodeIsAFailure) {
+  F("vendor.zeta").runtime_code = 99;
+  SetGlobalPolicy(SelectionPolicy().WithPrefer("vendor"));
+  testing::LogCapture logs(TEFL_LOG_INFO);
+  ASSERT_TRUE(CallRms(DType::kF32).ok());
+  EXPECT_EQ(F("vendor.zeta").calls, 1);
+  EXPECT_EQ(F("vendor.acme").calls, 1);
+  EXPECT_EQ(logs.Count("WARNING] Op 'rmsnorm_fwd' implementation 'vendor.zeta' (kind=vendor, vendor=Zeta) failed for "
+                       "(x:float32[2d] gamma:float32[1d] -> z:float32[2d] rsigma:float32[1d]): (unknown status code "
+                       "99) vendor.zeta says no; demoted for this signature, falling back"),
+            1);
+  // Strict: the caller gets RUNTIME_ERROR, not 99.
+  SetGlobalPolicy(SelectionPolicy().WithPrefer("vendor").WithStrict(true));
+  F("vendor.zeta").calls = 0;
+  const Status st = CallRms(DType::kBF16);
+  EXPECT_EQ(st.code(), TEFL_RUNTIME_ERROR);
+  EXPECT_NE(st.message().find("(unknown status code 99) vendor.zeta says no"), std::string::npos) << st.message();
+}
+
 // A per-op token naming no registered implementation or vendor of the op is
 // said once per op and token: WARNING with the close name when it looks like
 // a typo, INFO otherwise (a plugin not loaded here); an unresolvable call's

@@ -70,7 +70,9 @@ typedef struct tefl_status tefl_status; /* opaque; NULL == success */
 
 /* A new status the caller owns (free it, or return it to tefl, which then
  * owns it). TEFL_OK gives NULL: success has no status object, so a kernel
- * returning status_new(TEFL_OK, ...) has succeeded. message may be NULL. */
+ * returning status_new(TEFL_OK, ...) has succeeded. message may be NULL.
+ * A code outside tefl_status_code gives TEFL_RUNTIME_ERROR with the message
+ * "(unknown status code N) message". */
 TEFL_API tefl_status* tefl_status_new(int32_t code, const char* message);
 TEFL_API int32_t tefl_status_code_of(const tefl_status* status);
 /* Never NULL; "" for a NULL status. Valid until the status is freed. */

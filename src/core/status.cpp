@@ -22,6 +22,13 @@ tefl_status* OutOfMemoryStatus() {
 tefl_status* tefl_status_new(int32_t code, const char* message) {
   if (code == TEFL_OK) return nullptr;
   try {
+    // A code this host does not know (a plugin built against a later minor
+    // that appended one, or a plain mistake) is still a failure: it becomes
+    // RUNTIME_ERROR, the number kept in the message, so that every status
+    // carries a code the host's callers can switch on.
+    if (code < TEFL_UNSUPPORTED || code > TEFL_ABI_MISMATCH)
+      return new tefl_status{TEFL_RUNTIME_ERROR,
+                             "(unknown status code " + std::to_string(code) + ") " + (message ? message : "")};
     return new tefl_status{code, message ? message : ""};
   } catch (...) {
     return OutOfMemoryStatus();
