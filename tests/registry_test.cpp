@@ -52,6 +52,26 @@ TEST(Registry, Rejections) {
   EXPECT_EQ(r.GetImplementations("rmsnorm_fwd").size(), 1u);
 }
 
+// impl_id is "kind.name": the prefix matches the kind, the name is not empty
+// and can be written in a TE_FL_PER_OP token.
+TEST(Registry, ImplIdIsKindDotName) {
+  OpRegistry r;
+  EXPECT_EQ(r.RegisterImpl(Impl("rmsnorm_fwd", "vendor.fast")).message(),
+            "register_impl(vendor.fast): impl_id must be 'default.NAME' for kind flagos, NAME made of letters, digits, "
+            "'_', '-' and '.'");
+  EXPECT_EQ(r.RegisterImpl(Impl("rmsnorm_fwd", "default.fast", BackendImplKind::VENDOR, "v")).message(),
+            "register_impl(default.fast): impl_id must be 'vendor.NAME' for kind vendor, NAME made of letters, digits, "
+            "'_', '-' and '.'");
+  for (const char* bad : {"reference", "reference.", "reference.a|b", "reference.a b", "reference.a;b", "ref.a"}) {
+    const Status s = r.RegisterImpl(Impl("rmsnorm_fwd", bad, BackendImplKind::REFERENCE));
+    EXPECT_EQ(s.code(), TEFL_INVALID_ARGUMENT) << bad;
+    EXPECT_NE(s.message().find("impl_id must be 'reference.NAME' for kind reference"), std::string::npos) << bad;
+  }
+  EXPECT_TRUE(r.GetImplementations("rmsnorm_fwd").empty());
+  EXPECT_TRUE(r.RegisterImpl(Impl("rmsnorm_fwd", "reference.my-ref_2.v1", BackendImplKind::REFERENCE)).ok());
+  EXPECT_TRUE(r.RegisterImpl(Impl("rmsnorm_fwd", "vendor.sm90", BackendImplKind::VENDOR, "acme")).ok());
+}
+
 TEST(Registry, RegisterManyIsAllOrNothing) {
   OpRegistry r;
   Status s = r.RegisterMany(

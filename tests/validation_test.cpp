@@ -223,7 +223,7 @@ class Validation : public ::testing::Test {
     // priority 1000) whenever a call gets past validation.
     for (const OpSpec& op : Ops()) {
       Status s = mgr_.registry().RegisterImpl(tefl::OpImpl::FromFunction(
-          op.op, "flagos.spy", tefl::BackendImplKind::DEFAULT, "", 1000, [this](const tefl_call_frame&) {
+          op.op, "default.spy", tefl::BackendImplKind::DEFAULT, "", 1000, [this](const tefl_call_frame&) {
             spy_calls_.fetch_add(1);
             return Status(TEFL_UNSUPPORTED, "spy declines");
           }));
@@ -1002,7 +1002,7 @@ TEST_F(Validation, EmptyRowsAreValidForEveryImplementation) {
   mgr_.EnsureInitialized();
   for (const OpSpec& spec : Ops()) {
     for (const tefl::OpImpl& impl : mgr_.registry().GetImplementations(spec.op)) {
-      if (impl.impl_id == "flagos.spy") continue;
+      if (impl.impl_id == "default.spy") continue;
       SCOPED_TRACE(fmt::format("{} {}", spec.op, impl.impl_id));
       tefl::SelectionPolicy policy;
       ASSERT_TRUE(

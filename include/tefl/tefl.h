@@ -140,8 +140,10 @@ typedef int32_t (*tefl_supports_fn)(const tefl_call_frame* frame, void* user_dat
 
 typedef struct tefl_impl_desc {
   size_t struct_size;
-  const char* op_name;  /* catalogue op name (or an alias such as rope_fwd) */
-  const char* impl_id;  /* "kind.name", e.g. "vendor.onednn"; unique per op */
+  const char* op_name; /* catalogue op name (or an alias such as rope_fwd) */
+  /* "default.NAME", "vendor.NAME" or "reference.NAME" as kind says, NAME of
+   * [A-Za-z0-9_.-], e.g. "vendor.onednn"; unique per op */
+  const char* impl_id;
   int32_t kind;         /* tefl_impl_kind */
   int32_t priority;     /* higher first within one policy token */
   const char* vendor;   /* required for TEFL_KIND_VENDOR, else may be NULL */
@@ -223,7 +225,8 @@ typedef struct tefl_registrar {
   size_t struct_size;
   void* ctx;
   /* Copies everything it needs from desc (strings included). Errors:
-   * unknown op, duplicate impl_id, vendor kind without vendor, no kernel. */
+   * unknown op, impl_id not "kind.NAME", duplicate impl_id, vendor kind
+   * without vendor, no kernel. */
   tefl_status* (*register_impl)(void* ctx, const tefl_impl_desc* desc);
   tefl_status* (*register_device_runtime)(void* ctx, const tefl_device_runtime* runtime);
 } tefl_registrar;

@@ -292,6 +292,15 @@ def test_resolve_and_resolve_candidates(manager):
         torch.testing.assert_close(y, rms(x, w))
 
 
+def test_register_impl_id_must_be_kind_dot_name(manager):
+    for impl_id, kind in (("mine.fast", "vendor"), ("default.fast", "vendor"), ("vendor.a b", "vendor"),
+                          ("vendor.", "vendor"), ("vendor.x", "reference")):
+        with pytest.raises(ValueError, match=f"impl_id must be '{kind}.NAME' for kind {kind}"):
+            manager.registry.register_impl(OpImpl("rmsnorm_fwd", impl_id, kind, fn_a, vendor="mine"))
+    assert [i.impl_id for i in manager.resolve_candidates("rmsnorm_fwd")] == ["default.portable", "reference.cpp"]
+    manager.registry.register_impl(OpImpl("rmsnorm_fwd", "vendor.mine_v2", "vendor", fn_a, vendor="mine"))
+
+
 def test_priority_orders_within_a_token(manager):
     for i, prio in enumerate((10, 300, 200)):
         manager.registry.register_impl(OpImpl("rmsnorm_fwd", f"vendor.v{i}", "vendor", fn_a, vendor=f"v{i}",

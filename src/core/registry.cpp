@@ -80,6 +80,22 @@ Status OpRegistry::Rep::CheckLocked(const OpImpl& impl, int32_t* op_id) const {
   if (int(impl.kind) < 0 || int(impl.kind) > 2)
     return Status(TEFL_INVALID_ARGUMENT,
                   "register_impl(" + impl.impl_id + "): kind must be flagos, vendor or reference");
+  // impl_id is "kind.name" (DESIGN.md §2): the prefix says the kind, so a
+  // log line or a policy token never shows a vendor kernel as "default.*";
+  // the name's characters keep it addressable in TE_FL_PER_OP (impl:ID).
+  {
+    static constexpr const char* kPrefix[] = {"default", "vendor", "reference"};
+    const std::string prefix = std::string(kPrefix[int(impl.kind)]) + ".";
+    const std::string_view name = std::string_view(impl.impl_id).substr(std::min(prefix.size(), impl.impl_id.size()));
+    const bool name_ok = !name.empty() && std::all_of(name.begin(), name.end(), [](char c) {
+      return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' ||
+             c == '.';
+    });
+    if (impl.impl_id.rfind(prefix, 0) != 0 || !name_ok)
+      return Status(TEFL_INVALID_ARGUMENT, "register_impl(" + impl.impl_id + "): impl_id must be '" + prefix +
+                                               "NAME' for kind " + KindName(impl.kind) +
+                                               ", NAME made of letters, digits, '_', '-' and '.'");
+  }
   if (impl.kind == BackendImplKind::VENDOR && impl.vendor.empty())
     return Status(TEFL_INVALID_ARGUMENT,
                   "register_impl(" + impl.impl_id + "): a vendor implementation needs a vendor name");
