@@ -148,7 +148,7 @@ HWY_INLINE V RecipOneStep(D d, V v) {
 // kFast: the estimate alone (AVX-512 rcp14: relative error < 2^-14; the
 // other targets' estimates are 2^-12 or better), for bf16 outputs.
 template <bool kFast = false>
-HWY_INLINE V Recip12(D d, V v) {  // 1 / v for v in [1, 2]
+HWY_INLINE V Recip12(D d, V v) {  // 1 / v for finite v >= 1
   if constexpr (kFast) return hn::ApproximateReciprocal(v);
   const V r1 = RecipOneStep(d, v);
 #if HWY_TARGET > HWY_AVX3
@@ -186,6 +186,20 @@ HWY_INLINE V Sigmoid(D d, V u) {
   // kFast below AVX-512: the same straight 1 / (1 + e^(-u)), with
   // ExpNegClamped's e^(-u) (+inf for u <= -88.38: s = 0; NaN u: s ~ 1).
   if constexpr (kFast) return hn::ApproximateReciprocal(hn::Add(hn::Set(d, 1.0f), ExpNegClamped<3>(d, u)));
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_SSE4
+  // Otherwise (fp32/fp16 outputs) the same straight form with the degree-5
+  // exp and the two Newton steps: five operations fewer than the select
+  // form below (no |u|, no q = e r, no compare and blend), and as accurate.
+  // For u >= 0 it is that form's r; for u < 0, 1 / (1 + e^(-u)) has the
+  // relative error of e^(-u) plus the reciprocal's, as q = e r has. e^(-u)
+  // stays finite (u clamped at -88), whose reciprocal's estimate is 0
+  // (rcpps flushes), so s is 0 below u ~ -87.3 where the select form
+  // flushed e^(-|u|) to 0 too. u = -inf: 0; +inf: 1; NaN: ~1 (callers keep
+  // x's NaN: x * s, or KeepNaN).
+  // x86 only: the emulated targets' estimate is an exact division, whose
+  // denormal 1 / (1 + e) would make gelu(-inf) = -inf instead of NaN.
+  if constexpr (!kFast) return Recip12(d, hn::Add(hn::Set(d, 1.0f), ExpNegClamped<5, true>(d, u)));
+#endif
 #endif
   V r, q;
   SigmoidParts<kFast>(d, u, r, q);

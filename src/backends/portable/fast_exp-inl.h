@@ -94,10 +94,13 @@ HWY_INLINE V ExpNonPositive(DF d, V v) {
 // gelu(-inf) = -inf * 0 = NaN holds). Above u = 87.33 the result stays
 // 2^-126 p (1 + e is 1). Same polynomial and relative error as
 // ExpNonPositive<kDeg> in between. 10 operations.
-template <int kDeg, class DF, class V = hn::Vec<DF>>
+// kFinite: u is clamped at -88.0 instead, so n <= 127 and e^(-u) stays
+// finite (at most 2^127 * 1.42): for a caller whose Newton step on 1 + e
+// would turn the estimate 0 of 1 / inf into NaN (0 * inf).
+template <int kDeg, bool kFinite = false, class DF, class V = hn::Vec<DF>>
 HWY_INLINE V ExpNegClamped(DF d, V u) {
   const hn::RebindToUnsigned<DF> du;
-  u = hn::Max(hn::Min(u, hn::Set(d, 87.33f)), hn::Set(d, -88.73f));
+  u = hn::Max(hn::Min(u, hn::Set(d, 87.33f)), hn::Set(d, kFinite ? -88.0f : -88.73f));
   const V magic = hn::Set(d, 12583039.0f);  // 1.5 * 2^23 + 127
   const V t = hn::MulAdd(u, hn::Set(d, -1.44269504088896341f), magic);
   const V n = hn::Sub(t, magic);
