@@ -543,6 +543,57 @@ TEST(ActivationSpecial, DenseSweep) {
   }
 }
 
+// The relu family's bf16 results are exact in fp32 (products of at most three
+// bf16 significands), so their rounding to bf16 meets exact ties; those
+// round to even on every target, as the reference does, while the sigmoid
+// ops' full steps may round ties away from zero on AVX2/SSE4 (activation.cpp,
+// kBf16TiesAway). Data 1 + j/128 times 1 + r/128 (gate or gradient): every
+// output bit for bit equal to the reference's, on data with ties.
+TEST(ActivationSpecial, ExactOpsRoundBf16TiesToEven) {
+  const int64_t rows = 128, h = 128;
+  int64_t ties = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < h; ++j) {
+      const float prod = float(1.0 + double(j) / 128.0) * float(1.0 + double(r) / 128.0);  // exact
+      uint32_t bits;
+      std::memcpy(&bits, &prod, sizeof(bits));
+      ties += (bits & 0xFFFFu) == 0x8000u;
+    }
+  ASSERT_GT(ties, 100);  // the data has ties to round
+  for (const char* name :
+       {"relu", "srelu", "drelu", "dsrelu", "reglu", "sreglu", "dreglu", "dsreglu", "dbias_drelu", "dbias_dsrelu"}) {
+    SCOPED_TRACE(name);
+    const OpInfo& op = Info(name);
+    const bool fwd = op.kind == Kind::kFwd || op.kind == Kind::kGatedFwd;
+    Problem p = MakeProblem(op, {DType::kBF16, DType::kBF16, DType::kBF16, DType::kBF16}, {rows}, h, "ties");
+    Tensor& x = p.In(fwd ? "input" : "fwd_input");
+    const int64_t w = Gated(op.kind) ? 2 * h : h;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < h; ++j) {
+        x.set(r * w + j, 1.0 + double(j) / 128.0);
+        if (Gated(op.kind)) x.set(r * w + h + j, 1.0 + double(r) / 128.0);
+      }
+    if (HasGrad(op.kind)) {
+      Tensor& g = p.In("grad");
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < h; ++j) g.set(r * h + j, 1.0 + double(r) / 128.0);
+    }
+    Problem ref = p, run = p;
+    ASSERT_TRUE(RunImpl(op.name, kReference, Ptrs(ref.in), Ptrs(ref.out), ref.attrs()).ok());
+    ASSERT_TRUE(RunImpl(op.name, "default.portable", Ptrs(run.in), Ptrs(run.out), run.attrs()).ok());
+    // dbias (a column sum, rounded once) is not one product: outputs[0] only.
+    const Tensor& got = run.out[0].t;
+    const Tensor& want = ref.out[0].t;
+    const auto* gb = static_cast<const uint16_t*>(got.bytes());
+    const auto* wb = static_cast<const uint16_t*>(want.bytes());
+    int64_t bad = 0;
+    for (int64_t i = 0; i < want.numel(); ++i)
+      if (gb[i] != wb[i] && bad++ < 5)
+        ADD_FAILURE() << "element " << i << ": bits " << std::hex << gb[i] << ", reference " << wb[i] << std::dec;
+    EXPECT_EQ(bad, 0);
+  }
+}
+
 // Ops with bf16 data take cheaper sigmoids in default.portable: forward ops
 // a degree-3 exp and the reciprocal estimate without Newton step (relative
 // error ~1.5e-4, under bf16's half ulp), derivatives a degree-4 exp (2.6e-6:
