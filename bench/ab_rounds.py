@@ -15,43 +15,27 @@ per-round speed-ups (A ms / B ms; > 1: B faster).
         [--tefl build/release/tools/tefl/tefl] [--markdown] -- <tefl bench options>
 """
 import argparse
-import json
 import os
 import statistics
-import subprocess
-import sys
 
-from bench_table import print_table
+from bench_table import add_round_args, parse_round_args, print_table, run_bench, timed_rows
 
 
 def run_once(tefl, libdir, bench_args):
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = libdir + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
-    out = subprocess.run([tefl, "bench", "--json", *bench_args], env=env, capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.exit(f"tefl bench failed with {libdir}:\n{out.stderr}")
-    return json.loads(out.stdout)
-
-
-def key(row):
-    return (row["op"], row["impl"], row["dtype"], row["shape"])
+    return run_bench(tefl, bench_args, env=env, what=libdir)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--a", required=True, help="directory with the 'before' libtefl.so.0")
     ap.add_argument("--b", required=True, help="directory with the 'after' libtefl.so.0")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--tefl", default="build/release/tools/tefl/tefl")
-    ap.add_argument("--markdown", action="store_true")
-    ap.add_argument("bench_args", nargs=argparse.REMAINDER, help="after --: options for `tefl bench`")
-    args = ap.parse_args()
-    if args.rounds < 1:
-        ap.error("--rounds must be at least 1")
+    add_round_args(ap, rounds=5)
+    args, bench_args = parse_round_args(ap)
     for d in (args.a, args.b):
         if not os.path.isfile(os.path.join(d, "libtefl.so.0")):
             ap.error(f"{d} holds no libtefl.so.0")
-    bench_args = args.bench_args[1:] if args.bench_args[:1] == ["--"] else args.bench_args
 
     times = {}  # key -> {"a": [ms], "b": [ms]}
     order = []
@@ -59,8 +43,7 @@ def main():
         sides = ("a", "b") if r % 2 == 0 else ("b", "a")
         for side in sides:
             res = run_once(args.tefl, getattr(args, side), bench_args)
-            for row in res["results"]:
-                k = key(row)
+            for k, row in timed_rows(res):
                 if k not in times:
                     times[k] = {"a": [], "b": []}
                     order.append(k)

@@ -12,38 +12,22 @@ own "% of copy" (each round's op against that round's copy), with the range.
         [--markdown] -- <tefl bench options, e.g. --impl default.portable --dtype bf16 --op gelu>
 """
 import argparse
-import json
 import statistics
-import subprocess
-import sys
 
-from bench_table import print_table
+from bench_table import add_round_args, parse_round_args, print_table, run_bench, timed_rows
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--tefl", default="build/release/tools/tefl/tefl")
-    ap.add_argument("--markdown", action="store_true")
-    ap.add_argument("bench_args", nargs=argparse.REMAINDER, help="after --: options for `tefl bench`")
-    args = ap.parse_args()
-    if args.rounds < 1:
-        ap.error("--rounds must be at least 1")
-    bench_args = args.bench_args[1:] if args.bench_args[:1] == ["--"] else args.bench_args
+    add_round_args(ap, rounds=3)
+    args, bench_args = parse_round_args(ap)
     rows, copies, nt_copies = {}, [], []
     for _ in range(args.rounds):
-        out = subprocess.run([args.tefl, "bench", "--json", *bench_args], capture_output=True, text=True)
-        if out.returncode != 0:
-            sys.exit(f"tefl bench failed ({out.returncode}): {out.stderr.strip()}")
-        j = json.loads(out.stdout)
+        j = run_bench(args.tefl, bench_args)
         copies.append(j["copy_gbps"])
         if "stream_copy_gbps" in j:
             nt_copies.append(j["stream_copy_gbps"])
-        for r in j["results"]:
-            if "seconds" not in r:
-                continue
-            shape = r["shape"] if isinstance(r["shape"], str) else "x".join(map(str, r["shape"]))
-            key = (r["op"], r["impl"], r["dtype"], shape)
+        for key, r in timed_rows(j):
             rows.setdefault(key, []).append((r["seconds"] * 1e3, r["gbps"], r["pct_of_copy"]))
 
     def span(v, fmt):
