@@ -654,6 +654,86 @@ TEST(ActivationSpecial, DenseSweepBf16) {
   }
 }
 
+// On AVX2 and SSE4, default.portable's all-bf16 gelu and the derivatives of
+// gelu, qgelu and silu (dbias_ forms too) read tables of the fp32 path's
+// values (activation.cpp, TEFL_PORTABLE_BF16_ACT_TABLE). Every bf16 bit
+// pattern as x (NaNs and infinities included), gradients with both signs
+// and zeros: gelu is the fp32 gelu of the same values rounded to nearest
+// even; dinput the fp32 dinput rounded with ties away from zero (StoreStep
+// on these targets); dbias (fp32) the fp32 call's dbias bit for bit. With
+// the switch off, gelu, dgelu, dqgelu and dsilu take the cheaper sigmoids,
+// and together differ from the fp32 path somewhere (so the tables really
+// ran; dgelu's degree-4 exp alone may round every output the same), while
+// dbias_ with an fp32 dbias computes the fp32 path's values as the table
+// holds them: the same bits.
+TEST(ActivationSpecial, Bf16TablesAreTheFp32Path) {
+  const std::string target = tefl::backends::PortableTargetName();
+  if (target != "AVX2" && target != "SSE4") GTEST_SKIP() << "no tables on target " << target;
+  const int64_t rows = 256, h = 256;
+  const auto bits_of = [](float v) {
+    uint32_t u;
+    std::memcpy(&u, &v, sizeof(u));
+    return u;
+  };
+  int64_t computed_differing = 0;  // switch off, the non-dbias ops
+  for (const char* name : {"gelu", "dgelu", "dqgelu", "dsilu", "dbias_dgelu", "dbias_dqgelu", "dbias_dsilu"}) {
+    SCOPED_TRACE(name);
+    const OpInfo& op = Info(name);
+    const bool fwd = op.kind == Kind::kFwd;
+    Problem b16 = MakeProblem(op, {DType::kBF16, DType::kBF16, DType::kBF16, DType::kF32}, {rows}, h, "table");
+    Tensor& x = b16.In(fwd ? "input" : "fwd_input");
+    for (int64_t i = 0; i < rows * h; ++i) {
+      const uint16_t b = uint16_t(i);
+      std::memcpy(static_cast<unsigned char*>(x.bytes()) + 2 * i, &b, 2);
+    }
+    if (!fwd) {
+      Tensor& g = b16.In("grad");
+      for (int64_t i = 0; i < rows * h; ++i) g.set(i, double((i * 37) % 201 - 100) / 16.0);
+    }
+    Problem f32 = MakeProblem(op, {DType::kF32, DType::kF32, DType::kF32, DType::kF32}, {rows}, h, "table");
+    for (size_t k = 0; k < b16.in.size(); ++k)
+      for (int64_t i = 0; i < rows * h; ++i) f32.in[k].t.set(i, b16.in[k].t.at(i));  // exact
+    ASSERT_TRUE(RunImpl(name, "default.portable", Ptrs(f32.in), Ptrs(f32.out), nullptr).ok());
+    for (const char* table : {"1", "0"}) {
+      SCOPED_TRACE(std::string("TEFL_PORTABLE_BF16_ACT_TABLE=") + table);
+      Problem run = b16;
+      setenv("TEFL_PORTABLE_BF16_ACT_TABLE", table, 1);
+      tefl::backends::ReloadPortableSwitches();
+      const Status st = RunImpl(name, "default.portable", Ptrs(run.in), Ptrs(run.out), nullptr);
+      unsetenv("TEFL_PORTABLE_BF16_ACT_TABLE");
+      tefl::backends::ReloadPortableSwitches();
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      const auto* got = static_cast<const uint16_t*>(run.out[0].t.bytes());
+      const auto* wide = static_cast<const float*>(f32.out[0].t.bytes());
+      const bool must_match = table[0] == '1' || op.kind == Kind::kDbias;
+      int64_t differing = 0;
+      for (int64_t i = 0; i < rows * h; ++i) {
+        const float w = wide[i];
+        const bool same = std::isnan(w) ? tefl::BF16ToFloat(got[i]) != tefl::BF16ToFloat(got[i])
+                          : fwd         ? got[i] == tefl::FloatToBF16(w)
+                                        : got[i] == uint16_t((bits_of(w) + 0x8000u) >> 16);
+        if (!same && differing++ < 5 && must_match)
+          ADD_FAILURE() << "x bits " << std::hex << i << ": got " << got[i] << ", fp32 path " << bits_of(w) << std::dec;
+      }
+      if (op.kind == Kind::kDbias) {
+        const auto* db = static_cast<const float*>(run.out[1].t.bytes());
+        const auto* want = static_cast<const float*>(f32.out[1].t.bytes());
+        for (int64_t j = 0; j < h; ++j) {
+          const bool same = std::isnan(want[j]) ? std::isnan(db[j]) : bits_of(db[j]) == bits_of(want[j]);
+          if (!same && differing++ < 5 && must_match)
+            ADD_FAILURE() << "dbias column " << j << ": " << db[j] << ", fp32 path " << want[j];
+        }
+      }
+      if (must_match) {
+        EXPECT_EQ(differing, 0);
+      } else {
+        computed_differing += differing;
+      }
+    }
+  }
+  EXPECT_GT(computed_differing, 0) << "TEFL_PORTABLE_BF16_ACT_TABLE=0 made no difference";
+}
+
 // bf16 NaNs of every shape (quiet and signalling, smallest and largest
 // payloads, both signs) in x, and in grad for the backward ops: every output
 // next to them is NaN. default.portable's all-bf16 path rounds without a NaN

@@ -45,6 +45,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <mutex>
 #include <type_traits>
 #include <vector>
 
@@ -90,6 +91,7 @@ struct Job {
   bool stream;    // non-temporal stores (large outputs, 64-byte aligned rows)
   bool native;    // bf16 fast path: round with vcvtne2ps2bf16 (simd_io-inl.h)
   bool fast_act;  // bf16 fast path (and bf16 dbias): the cheaper sigmoids
+  bool table;     // bf16 fast path: gelu and the non-gated derivatives of gelu/qgelu/silu by table lookups (AVX2, SSE4)
   const void* x;
   const void* g;
   void* y;
@@ -525,6 +527,123 @@ concept ExactMaths = Fn::kExact;
 template <class Fn>
 constexpr bool kBf16TiesAway = (HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_SSE4) && !ExactMaths<Fn>;
 
+// ---- bf16 tables (AVX2 and SSE4) ------------------------------------------------
+// A bf16 input has 65536 values, so an elementwise op of it is a table. On
+// AVX2 and SSE4 a lookup (scalar loads gathered into a vector; vpgatherdd is
+// slower on Zen 3) costs less than the sigmoid: single thread, [64, 4096],
+// dgelu ~2.5x and gelu ~1.3x (docs/perf-activation.md, session 24). The
+// tables hold the fp32 path's values (the accurate functors, this target's
+// code): act(x) rounded to bf16 (nearest even) for the forward ops, dact(x)
+// in fp32 for the derivatives, which the loops multiply by the gradient. So
+// an all-bf16 gelu, qgelu or silu is its fp32 result rounded, and dgelu,
+// dqgelu, dsilu (and dbias_) are the fp32 path's g * dact(x), rounded as
+// StoreStep rounds. Each table is filled on its first use (65536 values,
+// ~30-60 us) and kept for the process; AVX-512 keeps the computed paths,
+// which are faster there.
+struct DActFromTable {
+  const float* tab;  // dact of each bf16 bit pattern
+};
+
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_SSE4
+// The fp32 functor whose values the table of kAct holds.
+template <Act kAct>
+HWY_INLINE auto AccurateFn() {
+  if constexpr (kAct == Act::kGelu) {
+    return GeluFnT<false>();
+  } else {
+    static_assert(kAct == Act::kQGelu || kAct == Act::kSilu);
+    return SigmoidLinearFnT<false>{{}, kAct == Act::kQGelu ? 1.702f : 1.0f};
+  }
+}
+
+// The table of kAct: forward (uint16_t bf16 bits) or derivative (float),
+// indexed by the input's bf16 bits; filled once per process and target.
+template <Act kAct, bool kDeriv>
+HWY_NOINLINE const std::conditional_t<kDeriv, float, uint16_t>* ActTable() {
+  using Entry = std::conditional_t<kDeriv, float, uint16_t>;
+  alignas(64) static Entry table[65536];
+  static std::once_flag filled;
+  std::call_once(filled, []() HWY_ATTR {
+    const D d;
+    const hn::RebindToUnsigned<D> du;
+    const size_t nl = hn::Lanes(d);
+    const auto fn = AccurateFn<kAct>();
+    HWY_ALIGN float buf[hn::MaxLanes(D())];
+    for (uint32_t i = 0; i < 65536u; i += uint32_t(nl)) {
+      const V x = hn::BitCast(d, hn::ShiftLeft<16>(hn::Iota(du, i)));
+      if constexpr (kDeriv) {
+        hn::StoreU(fn.DAct(x), d, table + i);
+      } else {
+        hn::Store(fn.Act(x), d, buf);
+        for (size_t k = 0; k < nl; ++k) table[i + k] = FloatToBF16(buf[k]);
+      }
+    }
+  });
+  return table;
+}
+
+// y = table[x], 8 elements per 16-byte store (streamed when `stream`: y
+// 16-byte aligned then, as every streamed span starts 64-byte aligned).
+HWY_INLINE void SpanFwdTable(const uint16_t* HWY_RESTRICT tab, const bfloat16_t* HWY_RESTRICT x,
+                             bfloat16_t* HWY_RESTRICT y, size_t n, bool stream) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const bfloat16_t* HWY_RESTRICT xi = x + i;
+    __m128i v = _mm_cvtsi32_si128(tab[xi[0].bits]);
+    v = _mm_insert_epi16(v, tab[xi[1].bits], 1);
+    v = _mm_insert_epi16(v, tab[xi[2].bits], 2);
+    v = _mm_insert_epi16(v, tab[xi[3].bits], 3);
+    v = _mm_insert_epi16(v, tab[xi[4].bits], 4);
+    v = _mm_insert_epi16(v, tab[xi[5].bits], 5);
+    v = _mm_insert_epi16(v, tab[xi[6].bits], 6);
+    v = _mm_insert_epi16(v, tab[xi[7].bits], 7);
+    if (stream) {
+      _mm_stream_si128(reinterpret_cast<__m128i*>(y + i), v);
+    } else {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i), v);
+    }
+  }
+  for (; i < n; ++i) y[i].bits = tab[x[i].bits];
+}
+
+// dact of one bf16 step (2 Lanes(d) elements) in LoadStep's lane order:
+// v[0] the even elements, v[1] the odd ones.
+HWY_INLINE void TableStep(const float* HWY_RESTRICT tab, const bfloat16_t* HWY_RESTRICT x, V* v) {
+  const auto t = [&](int k) HWY_ATTR { return tab[x[k].bits]; };
+#if HWY_TARGET == HWY_AVX2
+  v[0] = V{_mm256_set_ps(t(14), t(12), t(10), t(8), t(6), t(4), t(2), t(0))};
+  v[1] = V{_mm256_set_ps(t(15), t(13), t(11), t(9), t(7), t(5), t(3), t(1))};
+#else
+  v[0] = V{_mm_set_ps(t(6), t(4), t(2), t(0))};
+  v[1] = V{_mm_set_ps(t(7), t(5), t(3), t(1))};
+#endif
+}
+#endif  // HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_SSE4
+
+// dact(x) of a full step (LoadStep's lane order) and of a tail of m < Lanes
+// elements: Fn's DAct, or DActFromTable's lookups.
+template <class Fn, class T>
+HWY_INLINE void DActStep(const Fn& fn, D d, const T* HWY_RESTRICT x, V* v) {
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_SSE4
+  if constexpr (std::is_same_v<Fn, DActFromTable>) return TableStep(fn.tab, x, v);
+#endif
+  if constexpr (!std::is_same_v<Fn, DActFromTable>) {
+    LoadStep(d, x, v);
+    TEFL_UNROLL_K
+    for (size_t k = 0; k < kVecs<T>; ++k) v[k] = fn.DAct(v[k]);
+  }
+}
+template <class Fn, class T>
+HWY_INLINE V DActPartial(const Fn& fn, D d, const T* HWY_RESTRICT x, size_t m) {
+  if constexpr (std::is_same_v<Fn, DActFromTable>) {
+    HWY_ALIGN float buf[hn::MaxLanes(D())] = {};
+    for (size_t k = 0; k < m; ++k) buf[k] = fn.tab[x[k].bits];
+    return hn::Load(d, buf);
+  } else {
+    return fn.DAct(LoadPartial(d, x, m));
+  }
+}
+
 // ---- One loop per kind over a span of n elements (one dtype T) -----------------
 // `stream` needs every output span to start at a vector-aligned address.
 // Full steps, then the rest Lanes(d) (or fewer) elements at a time.
@@ -567,17 +686,17 @@ HWY_INLINE void SpanBwd(const Fn& fn, const T* HWY_RESTRICT g, const T* HWY_REST
       }
     }
     LoadStep(d, g + i, gv);
-    LoadStep(d, x + i, v);
+    DActStep(fn, d, x + i, v);
     TEFL_UNROLL_K
     for (size_t k = 0; k < K; ++k) {
-      v[k] = hn::Mul(gv[k], fn.DAct(v[k]));
+      v[k] = hn::Mul(gv[k], v[k]);
       if (acc) hn::StoreU(hn::Add(hn::LoadU(d, acc + i + k * nl), v[k]), d, acc + i + k * nl);
     }
     StoreStep<kNative, kBf16TiesAway<Fn>>(d, v, y + i, stream);
   }
   for (; i < n; i += nl) {
     const size_t m = std::min(nl, n - i);
-    const V v = hn::Mul(LoadPartial(d, g + i, m), fn.DAct(LoadPartial(d, x + i, m)));
+    const V v = hn::Mul(LoadPartial(d, g + i, m), DActPartial(fn, d, x + i, m));
     StorePartial(d, v, y + i, m);
     if (acc) {
       HWY_ALIGN float buf[hn::MaxLanes(D())];
@@ -803,6 +922,15 @@ HWY_INLINE void DbiasRowsStaged(const Fn& fn, const Job& j, int64_t r0, int64_t 
   FlushAcc<float>(acc, partial, h);
 }
 
+// dbias: rows(r0, r1, acc, partial) for each block of rows in [begin, end).
+template <class RowsFn>
+HWY_INLINE void ForDbiasBlocks(const Job& j, int64_t begin, int64_t end, const RowsFn& rows) {
+  for (int64_t blk = begin; blk < end; ++blk) {
+    const int64_t r0 = j.rows * blk / j.blocks, r1 = j.rows * (blk + 1) / j.blocks;
+    rows(r0, r1, j.acc + size_t(blk) * size_t(j.h), j.partial + size_t(blk) * size_t(j.h));
+  }
+}
+
 // Items [begin, end) of a call of kind kKind with activation functor fn.
 template <Kind kKind, class Fn>
 HWY_NOINLINE void RunItems(const Fn& fn, const Job& j, int64_t begin, int64_t end) {
@@ -823,10 +951,7 @@ HWY_NOINLINE void RunItems(const Fn& fn, const Job& j, int64_t begin, int64_t en
     if (bf16) return GatedRows<kKind, Fn, bfloat16_t>(fn, j, begin, end);
     return GatedRowsStaged<kKind>(fn, j, begin, end);
   } else {
-    for (int64_t blk = begin; blk < end; ++blk) {
-      const int64_t r0 = j.rows * blk / j.blocks, r1 = j.rows * (blk + 1) / j.blocks;
-      float* acc = j.acc + size_t(blk) * size_t(j.h);
-      double* partial = j.partial + size_t(blk) * size_t(j.h);
+    ForDbiasBlocks(j, begin, end, [&](int64_t r0, int64_t r1, float* acc, double* partial) HWY_ATTR {
       if (f32) {
         DbiasRows<Fn, float>(fn, j, r0, r1, acc, partial);
 #if TEFL_BF16_NATIVE
@@ -838,9 +963,48 @@ HWY_NOINLINE void RunItems(const Fn& fn, const Job& j, int64_t begin, int64_t en
       } else {
         DbiasRowsStaged(fn, j, r0, r1, acc, partial);
       }
+    });
+  }
+}
+
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_SSE4
+// Items [begin, end) of an all-bf16 gelu/qgelu/silu call of kind kKind
+// (forward, backward or dbias) from kAct's tables.
+template <Kind kKind, Act kAct>
+HWY_NOINLINE void TableItemsOfAct(const Job& j, int64_t begin, int64_t end) {
+  if constexpr (kKind == Kind::kFwd) {
+    static_assert(kAct == Act::kGelu);
+    const size_t e0 = size_t(begin * kBlock), e1 = size_t(std::min(end * kBlock, j.n));
+    SpanFwdTable(ActTable<kAct, false>(), static_cast<const bfloat16_t*>(j.x) + e0, static_cast<bfloat16_t*>(j.y) + e0,
+                 e1 - e0, j.stream);
+  } else if constexpr (kKind == Kind::kBwd) {
+    FlatItems<kKind, DActFromTable, bfloat16_t>(DActFromTable{ActTable<kAct, true>()}, j, begin, end);
+  } else {
+    const DActFromTable fn{ActTable<kAct, true>()};
+    ForDbiasBlocks(j, begin, end, [&](int64_t r0, int64_t r1, float* acc, double* partial) HWY_ATTR {
+      DbiasRows<DActFromTable, bfloat16_t>(fn, j, r0, r1, acc, partial);
+    });
+  }
+}
+
+template <Kind kKind>
+HWY_INLINE void TableItems(const Job& j, int64_t begin, int64_t end) {
+  if constexpr (kKind == Kind::kFwd) {
+    return TableItemsOfAct<kKind, Act::kGelu>(j, begin, end);  // Kernel sets Job::table for gelu only
+  } else {
+    switch (j.act) {
+      case Act::kGelu:
+        return TableItemsOfAct<kKind, Act::kGelu>(j, begin, end);
+      case Act::kQGelu:
+        return TableItemsOfAct<kKind, Act::kQGelu>(j, begin, end);
+      case Act::kSilu:
+        return TableItemsOfAct<kKind, Act::kSilu>(j, begin, end);
+      default:
+        break;  // Kernel sets Job::table for these three only
     }
   }
 }
+#endif
 
 // The activations of kind kKind (glu and clamped SwiGLU are gated only);
 // kFast: the bf16-output exp and reciprocal (the functors' kFast).
@@ -871,6 +1035,11 @@ HWY_INLINE void ItemsOfAct(const Job& j, int64_t begin, int64_t end) {
 // (Job::fast_act); everything else the accurate ones.
 template <Kind kKind>
 HWY_INLINE void ItemsOfKind(const Job& j, int64_t begin, int64_t end) {
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_SSE4
+  if constexpr (kKind == Kind::kFwd || kKind == Kind::kBwd || kKind == Kind::kDbias) {
+    if (j.table) return TableItems<kKind>(j, begin, end);
+  }
+#endif
   if (j.fast_act) return ItemsOfAct<kKind, true>(j, begin, end);
   return ItemsOfAct<kKind, false>(j, begin, end);
 }
@@ -1045,6 +1214,14 @@ tefl_status* Kernel(const tefl_call_frame* f, void*) {
     j.native = j.fast && j.tx == DType::kBF16 && UseBf16NativeStore();
     j.fast_act = j.fast && j.tx == DType::kBF16 && (kKind != Kind::kDbias || tdb == DType::kBF16) &&
                  PortablePathOn(PortablePath::kBf16FastAct);
+    // Forward: gelu only (computed silu and qgelu are as fast as a lookup).
+    // The tables hold the fp32 path's values, so they serve bf16 dbias of
+    // any dbias dtype (fast_act does not).
+    constexpr bool kTableAct = kKind == Kind::kFwd
+                                   ? kAct == Act::kGelu
+                                   : (kKind == Kind::kBwd || kKind == Kind::kDbias) &&
+                                         (kAct == Act::kGelu || kAct == Act::kQGelu || kAct == Act::kSilu);
+    j.table = kTableAct && j.fast && j.tx == DType::kBF16 && PortablePathOn(PortablePath::kBf16ActTable);
     j.x = DataPtr(x);
     j.g = g ? DataPtr(g) : nullptr;
     j.y = DataPtr(y);

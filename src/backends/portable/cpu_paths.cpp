@@ -19,15 +19,14 @@ struct PathInfo {
   Needs needs;
 };
 constexpr PathInfo kPaths[] = {
-    {"TEFL_PORTABLE_BF16_CVT", Needs::kAvx512Bf16},
-    {"TEFL_PORTABLE_BF16_FAST_ACT", Needs::kNothing},
-    {"TEFL_PORTABLE_ATTN_BF16DOT", Needs::kAvx512Bf16},
-    {"TEFL_PORTABLE_DROPOUT_AVX512", Needs::kAvx512Bmi2},
+    {"TEFL_PORTABLE_BF16_CVT", Needs::kAvx512Bf16},     {"TEFL_PORTABLE_BF16_FAST_ACT", Needs::kNothing},
+    {"TEFL_PORTABLE_ATTN_BF16DOT", Needs::kAvx512Bf16}, {"TEFL_PORTABLE_DROPOUT_AVX512", Needs::kAvx512Bmi2},
+    {"TEFL_PORTABLE_BF16_ACT_TABLE", Needs::kNothing},
 };
 static_assert(sizeof(kPaths) / sizeof(kPaths[0]) == size_t(PortablePath::kCount));
 
 // Per path: -1 not read yet, else 0/1.
-std::atomic<int> g_state[size_t(PortablePath::kCount)] = {-1, -1, -1, -1};
+std::atomic<int> g_state[size_t(PortablePath::kCount)] = {-1, -1, -1, -1, -1};
 
 }  // namespace
 

@@ -16,6 +16,8 @@ enum class PortablePath : int {
   kAttnBf16Dot,    // TEFL_PORTABLE_ATTN_BF16DOT: bf16 attention tiles by vdpbf16ps (AVX512-BF16)
   kDropoutAvx512,  // TEFL_PORTABLE_DROPOUT_AVX512: dropout_fwd's fused Philox + mask + output pass (AVX512-F/BW/DQ/VL,
                    // BMI2)
+  kBf16ActTable,   // TEFL_PORTABLE_BF16_ACT_TABLE: gelu/qgelu/silu, their derivatives and dbias_ forms on all-bf16
+                   // data read 64 Ki-entry tables of the fp32 results (AVX2 and SSE4 targets)
   kCount
 };
 
