@@ -654,18 +654,19 @@ TEST(ActivationSpecial, DenseSweepBf16) {
   }
 }
 
-// On AVX2 and SSE4, default.portable's all-bf16 gelu and the derivatives of
-// gelu, qgelu and silu (dbias_ forms too) read tables of the fp32 path's
-// values (activation.cpp, TEFL_PORTABLE_BF16_ACT_TABLE). Every bf16 bit
-// pattern as x (NaNs and infinities included), gradients with both signs
-// and zeros: gelu is the fp32 gelu of the same values rounded to nearest
-// even; dinput the fp32 dinput rounded with ties away from zero (StoreStep
-// on these targets); dbias (fp32) the fp32 call's dbias bit for bit. With
-// the switch off, gelu, dgelu, dqgelu and dsilu take the cheaper sigmoids,
-// and together differ from the fp32 path somewhere (so the tables really
-// ran; dgelu's degree-4 exp alone may round every output the same), while
-// dbias_ with an fp32 dbias computes the fp32 path's values as the table
-// holds them: the same bits.
+// On AVX2 and SSE4, default.portable's all-bf16 gelu, geglu and the
+// derivatives of gelu, qgelu and silu (dbias_ forms too) read tables of the
+// fp32 path's values (activation.cpp, TEFL_PORTABLE_BF16_ACT_TABLE). Every
+// bf16 bit pattern as x (geglu: as its activation half; NaNs and infinities
+// included), gradients and gates with both signs and zeros: gelu is the
+// fp32 gelu of the same values rounded to nearest even; geglu and dinput the
+// fp32 path's products rounded with ties away from zero (StoreStep on these
+// targets); dbias (fp32) the fp32 call's dbias bit for bit. With the switch
+// off, gelu, geglu, dgelu, dqgelu and dsilu take the cheaper sigmoids, and
+// together differ from the fp32 path somewhere (so the tables really ran;
+// dgelu's degree-4 exp alone may round every output the same), while dbias_
+// with an fp32 dbias computes the fp32 path's values as the table holds
+// them: the same bits.
 TEST(ActivationSpecial, Bf16TablesAreTheFp32Path) {
   const std::string target = tefl::backends::PortableTargetName();
   if (target != "AVX2" && target != "SSE4") GTEST_SKIP() << "no tables on target " << target;
@@ -675,24 +676,28 @@ TEST(ActivationSpecial, Bf16TablesAreTheFp32Path) {
     std::memcpy(&u, &v, sizeof(u));
     return u;
   };
-  int64_t computed_differing = 0;  // switch off, the non-dbias ops
-  for (const char* name : {"gelu", "dgelu", "dqgelu", "dsilu", "dbias_dgelu", "dbias_dqgelu", "dbias_dsilu"}) {
+  int64_t computed_differing = 0;                                                    // switch off, the non-dbias ops
+  const auto other = [](int64_t i) { return double((i * 37) % 201 - 100) / 16.0; };  // gradient or gate
+  for (const char* name : {"gelu", "geglu", "dgelu", "dqgelu", "dsilu", "dbias_dgelu", "dbias_dqgelu", "dbias_dsilu"}) {
     SCOPED_TRACE(name);
     const OpInfo& op = Info(name);
-    const bool fwd = op.kind == Kind::kFwd;
+    const bool fwd = op.kind == Kind::kFwd || op.kind == Kind::kGatedFwd;
+    const int64_t w = Gated(op.kind) ? 2 * h : h;  // x's row
     Problem b16 = MakeProblem(op, {DType::kBF16, DType::kBF16, DType::kBF16, DType::kF32}, {rows}, h, "table");
     Tensor& x = b16.In(fwd ? "input" : "fwd_input");
-    for (int64_t i = 0; i < rows * h; ++i) {
-      const uint16_t b = uint16_t(i);
-      std::memcpy(static_cast<unsigned char*>(x.bytes()) + 2 * i, &b, 2);
-    }
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < h; ++j) {
+        const uint16_t b = uint16_t(r * h + j);
+        std::memcpy(static_cast<unsigned char*>(x.bytes()) + 2 * (r * w + j), &b, 2);
+        if (Gated(op.kind)) x.set(r * w + h + j, other(r * h + j));
+      }
     if (!fwd) {
       Tensor& g = b16.In("grad");
-      for (int64_t i = 0; i < rows * h; ++i) g.set(i, double((i * 37) % 201 - 100) / 16.0);
+      for (int64_t i = 0; i < rows * h; ++i) g.set(i, other(i));
     }
     Problem f32 = MakeProblem(op, {DType::kF32, DType::kF32, DType::kF32, DType::kF32}, {rows}, h, "table");
     for (size_t k = 0; k < b16.in.size(); ++k)
-      for (int64_t i = 0; i < rows * h; ++i) f32.in[k].t.set(i, b16.in[k].t.at(i));  // exact
+      for (int64_t i = 0; i < b16.in[k].t.numel(); ++i) f32.in[k].t.set(i, b16.in[k].t.at(i));  // exact
     ASSERT_TRUE(RunImpl(name, "default.portable", Ptrs(f32.in), Ptrs(f32.out), nullptr).ok());
     for (const char* table : {"1", "0"}) {
       SCOPED_TRACE(std::string("TEFL_PORTABLE_BF16_ACT_TABLE=") + table);
@@ -708,12 +713,12 @@ TEST(ActivationSpecial, Bf16TablesAreTheFp32Path) {
       const bool must_match = table[0] == '1' || op.kind == Kind::kDbias;
       int64_t differing = 0;
       for (int64_t i = 0; i < rows * h; ++i) {
-        const float w = wide[i];
-        const bool same = std::isnan(w) ? tefl::BF16ToFloat(got[i]) != tefl::BF16ToFloat(got[i])
-                          : fwd         ? got[i] == tefl::FloatToBF16(w)
-                                        : got[i] == uint16_t((bits_of(w) + 0x8000u) >> 16);
+        const float v = wide[i];
+        const bool same = std::isnan(v)           ? tefl::BF16ToFloat(got[i]) != tefl::BF16ToFloat(got[i])
+                          : op.kind == Kind::kFwd ? got[i] == tefl::FloatToBF16(v)
+                                                  : got[i] == uint16_t((bits_of(v) + 0x8000u) >> 16);
         if (!same && differing++ < 5 && must_match)
-          ADD_FAILURE() << "x bits " << std::hex << i << ": got " << got[i] << ", fp32 path " << bits_of(w) << std::dec;
+          ADD_FAILURE() << "x bits " << std::hex << i << ": got " << got[i] << ", fp32 path " << bits_of(v) << std::dec;
       }
       if (op.kind == Kind::kDbias) {
         const auto* db = static_cast<const float*>(run.out[1].t.bytes());

@@ -91,7 +91,7 @@ struct Job {
   bool stream;    // non-temporal stores (large outputs, 64-byte aligned rows)
   bool native;    // bf16 fast path: round with vcvtne2ps2bf16 (simd_io-inl.h)
   bool fast_act;  // bf16 fast path (and bf16 dbias): the cheaper sigmoids
-  bool table;     // bf16 fast path: gelu and the non-gated derivatives of gelu/qgelu/silu by table lookups (AVX2, SSE4)
+  bool table;     // bf16 fast path: gelu, geglu, dgelu/dqgelu/dsilu and dbias_ by table lookups (AVX2, SSE4)
   const void* x;
   const void* g;
   void* y;
@@ -528,24 +528,32 @@ template <class Fn>
 constexpr bool kBf16TiesAway = (HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_SSE4) && !ExactMaths<Fn>;
 
 // ---- bf16 tables (AVX2 and SSE4) ------------------------------------------------
-// A bf16 input has 65536 values, so an elementwise op of it is a table. On
-// AVX2 and SSE4 a lookup (scalar loads gathered into a vector; vpgatherdd is
-// slower on Zen 3) costs less than the sigmoid: single thread, [64, 4096],
-// dgelu ~2.5x and gelu ~1.3x (docs/perf-activation.md, session 24). The
-// tables hold the fp32 path's values (the accurate functors, this target's
-// code): act(x) rounded to bf16 (nearest even) for the forward ops, dact(x)
-// in fp32 for the derivatives, which the loops multiply by the gradient. So
-// an all-bf16 gelu, qgelu or silu is its fp32 result rounded, and dgelu,
-// dqgelu, dsilu (and dbias_) are the fp32 path's g * dact(x), rounded as
-// StoreStep rounds. Each table is filled on its first use (65536 values,
-// ~30-60 us) and kept for the process; AVX-512 keeps the computed paths,
-// which are faster there.
-struct DActFromTable {
-  const float* tab;  // dact of each bf16 bit pattern
+// A bf16 input has 65536 values, so an elementwise function of it is a
+// table. On AVX2 and SSE4 a lookup (scalar loads gathered into a vector;
+// vpgatherdd is slower on Zen 3) costs less than a sigmoid: single thread,
+// [64, 4096], dgelu ~2.4x, gelu ~1.2x; not silu and qgelu forward, whose
+// computed form is as fast (docs/perf-activation.md, session 24). The tables
+// hold the fp32 path's values (the accurate functors, this target's code):
+// gelu(x) rounded to bf16 (nearest even) for gelu; act(x) and dact(x) in
+// fp32 for geglu and the derivatives, which the loops multiply by the gate
+// and gradient. So an all-bf16 gelu is its fp32 result rounded, and dgelu,
+// dqgelu, dsilu (and dbias_), geglu, dgeglu, dqgeglu and dswiglu are the
+// fp32 path's products, rounded as StoreStep rounds. Each table is filled
+// on its first use (65536 values, ~30-60 us) and kept for the process.
+// AVX-512 keeps the computed paths, faster there.
+enum class Table : uint8_t { kFwdBf16, kAct, kDAct };
+
+// The functor of the table loops: act and dact read from tables (either
+// may be NULL where the loop does not read it).
+struct FromTables : PlainGate {
+  const float* act;
+  const float* dact;
 };
+template <class Fn>
+constexpr bool kFromTables = std::is_same_v<Fn, FromTables>;
 
 #if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_SSE4
-// The fp32 functor whose values the table of kAct holds.
+// The fp32 functor whose values the tables of kAct hold.
 template <Act kAct>
 HWY_INLINE auto AccurateFn() {
   if constexpr (kAct == Act::kGelu) {
@@ -556,11 +564,11 @@ HWY_INLINE auto AccurateFn() {
   }
 }
 
-// The table of kAct: forward (uint16_t bf16 bits) or derivative (float),
-// indexed by the input's bf16 bits; filled once per process and target.
-template <Act kAct, bool kDeriv>
-HWY_NOINLINE const std::conditional_t<kDeriv, float, uint16_t>* ActTable() {
-  using Entry = std::conditional_t<kDeriv, float, uint16_t>;
+// Table kTable of kAct (kFwdBf16: uint16_t bf16 bits, else float), indexed
+// by the input's bf16 bits; filled once per process and target.
+template <Act kAct, Table kTable>
+HWY_NOINLINE const std::conditional_t<kTable == Table::kFwdBf16, uint16_t, float>* ActTable() {
+  using Entry = std::conditional_t<kTable == Table::kFwdBf16, uint16_t, float>;
   alignas(64) static Entry table[65536];
   static std::once_flag filled;
   std::call_once(filled, []() HWY_ATTR {
@@ -571,8 +579,10 @@ HWY_NOINLINE const std::conditional_t<kDeriv, float, uint16_t>* ActTable() {
     HWY_ALIGN float buf[hn::MaxLanes(D())];
     for (uint32_t i = 0; i < 65536u; i += uint32_t(nl)) {
       const V x = hn::BitCast(d, hn::ShiftLeft<16>(hn::Iota(du, i)));
-      if constexpr (kDeriv) {
+      if constexpr (kTable == Table::kDAct) {
         hn::StoreU(fn.DAct(x), d, table + i);
+      } else if constexpr (kTable == Table::kAct) {
+        hn::StoreU(fn.Act(x), d, table + i);
       } else {
         hn::Store(fn.Act(x), d, buf);
         for (size_t k = 0; k < nl; ++k) table[i + k] = FloatToBF16(buf[k]);
@@ -606,7 +616,7 @@ HWY_INLINE void SpanFwdTable(const uint16_t* HWY_RESTRICT tab, const bfloat16_t*
   for (; i < n; ++i) y[i].bits = tab[x[i].bits];
 }
 
-// dact of one bf16 step (2 Lanes(d) elements) in LoadStep's lane order:
+// tab[x] for one bf16 step (2 Lanes(d) elements) in LoadStep's lane order:
 // v[0] the even elements, v[1] the odd ones.
 HWY_INLINE void TableStep(const float* HWY_RESTRICT tab, const bfloat16_t* HWY_RESTRICT x, V* v) {
   const auto t = [&](int k) HWY_ATTR { return tab[x[k].bits]; };
@@ -620,27 +630,54 @@ HWY_INLINE void TableStep(const float* HWY_RESTRICT tab, const bfloat16_t* HWY_R
 }
 #endif  // HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_SSE4
 
-// dact(x) of a full step (LoadStep's lane order) and of a tail of m < Lanes
-// elements: Fn's DAct, or DActFromTable's lookups.
-template <class Fn, class T>
-HWY_INLINE void DActStep(const Fn& fn, D d, const T* HWY_RESTRICT x, V* v) {
+// tab[x] for m < Lanes(d) elements of a tail (the rest of the vector 0).
+HWY_INLINE V TablePartial(D d, const float* HWY_RESTRICT tab, const bfloat16_t* HWY_RESTRICT x, size_t m) {
+  HWY_ALIGN float buf[hn::MaxLanes(D())] = {};
+  for (size_t k = 0; k < m; ++k) buf[k] = tab[x[k].bits];
+  return hn::Load(d, buf);
+}
+
+// act(x) (kA) and/or dact(x) (kD) of a full step (LoadStep's lane order)
+// and of a tail of m < Lanes(d) elements: Fn's Act/DAct/ActDAct on the
+// loaded x, or FromTables' lookups (bf16 data on AVX2 and SSE4 only).
+template <bool kA, bool kD, class Fn, class T>
+HWY_INLINE void ActStep(const Fn& fn, D d, const T* HWY_RESTRICT x, V* act, V* dact) {
 #if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_SSE4
-  if constexpr (std::is_same_v<Fn, DActFromTable>) return TableStep(fn.tab, x, v);
+  if constexpr (kFromTables<Fn>) {
+    if constexpr (kA) TableStep(fn.act, x, act);
+    if constexpr (kD) TableStep(fn.dact, x, dact);
+    return;
+  }
 #endif
-  if constexpr (!std::is_same_v<Fn, DActFromTable>) {
+  if constexpr (!kFromTables<Fn>) {
+    V v[kVecs<T>];
     LoadStep(d, x, v);
     TEFL_UNROLL_K
-    for (size_t k = 0; k < kVecs<T>; ++k) v[k] = fn.DAct(v[k]);
+    for (size_t k = 0; k < kVecs<T>; ++k) {
+      if constexpr (kA && kD) {
+        fn.ActDAct(v[k], act[k], dact[k]);
+      } else if constexpr (kA) {
+        act[k] = fn.Act(v[k]);
+      } else {
+        dact[k] = fn.DAct(v[k]);
+      }
+    }
   }
 }
-template <class Fn, class T>
-HWY_INLINE V DActPartial(const Fn& fn, D d, const T* HWY_RESTRICT x, size_t m) {
-  if constexpr (std::is_same_v<Fn, DActFromTable>) {
-    HWY_ALIGN float buf[hn::MaxLanes(D())] = {};
-    for (size_t k = 0; k < m; ++k) buf[k] = fn.tab[x[k].bits];
-    return hn::Load(d, buf);
+template <bool kA, bool kD, class Fn, class T>
+HWY_INLINE void ActPartial(const Fn& fn, D d, const T* HWY_RESTRICT x, size_t m, V* act, V* dact) {
+  if constexpr (kFromTables<Fn>) {
+    if constexpr (kA) *act = TablePartial(d, fn.act, x, m);
+    if constexpr (kD) *dact = TablePartial(d, fn.dact, x, m);
   } else {
-    return fn.DAct(LoadPartial(d, x, m));
+    const V v = LoadPartial(d, x, m);
+    if constexpr (kA && kD) {
+      fn.ActDAct(v, *act, *dact);
+    } else if constexpr (kA) {
+      *act = fn.Act(v);
+    } else {
+      *dact = fn.DAct(v);
+    }
   }
 }
 
@@ -686,7 +723,7 @@ HWY_INLINE void SpanBwd(const Fn& fn, const T* HWY_RESTRICT g, const T* HWY_REST
       }
     }
     LoadStep(d, g + i, gv);
-    DActStep(fn, d, x + i, v);
+    ActStep<false, true>(fn, d, x + i, nullptr, v);
     TEFL_UNROLL_K
     for (size_t k = 0; k < K; ++k) {
       v[k] = hn::Mul(gv[k], v[k]);
@@ -696,7 +733,9 @@ HWY_INLINE void SpanBwd(const Fn& fn, const T* HWY_RESTRICT g, const T* HWY_REST
   }
   for (; i < n; i += nl) {
     const size_t m = std::min(nl, n - i);
-    const V v = hn::Mul(LoadPartial(d, g + i, m), DActPartial(fn, d, x + i, m));
+    V v;
+    ActPartial<false, true>(fn, d, x + i, m, nullptr, &v);
+    v = hn::Mul(LoadPartial(d, g + i, m), v);
     StorePartial(d, v, y + i, m);
     if (acc) {
       HWY_ALIGN float buf[hn::MaxLanes(D())];
@@ -716,23 +755,23 @@ HWY_INLINE void SpanGatedFwd(const Fn& fn, const T* HWY_RESTRICT a, const T* HWY
   size_t i = 0;
   for (; i + K * nl <= n; i += K * nl) {
     V av[K], bv[K];
-    LoadStep(d, a + i, av);
+    ActStep<true, false>(fn, d, a + i, av, nullptr);
     LoadStep(d, b + i, bv);
     TEFL_UNROLL_K
-    for (size_t k = 0; k < K; ++k) av[k] = hn::Mul(fn.Act(av[k]), fn.Gate(bv[k]));
+    for (size_t k = 0; k < K; ++k) av[k] = hn::Mul(av[k], fn.Gate(bv[k]));
     StoreStep<kNative, kBf16TiesAway<Fn>>(d, av, y + i, stream);
   }
   for (; i < n; i += nl) {
     const size_t m = std::min(nl, n - i);
-    StorePartial(d, hn::Mul(fn.Act(LoadPartial(d, a + i, m)), fn.Gate(LoadPartial(d, b + i, m))), y + i, m);
+    V act;
+    ActPartial<true, false>(fn, d, a + i, m, &act, nullptr);
+    StorePartial(d, hn::Mul(act, fn.Gate(LoadPartial(d, b + i, m))), y + i, m);
   }
 }
 
 // da = g * dact(a) * gate(b); db = gate_grad(b, g * act(a))
 template <class Fn>
-HWY_INLINE void GatedBwdVec(const Fn& fn, V g, V a, V b, V& da, V& db) {
-  V act, dact;
-  fn.ActDAct(a, act, dact);
+HWY_INLINE void GatedBwdVec(const Fn& fn, V g, V act, V dact, V b, V& da, V& db) {
   da = hn::Mul(hn::Mul(dact, g), fn.Gate(b));
   db = fn.GateGrad(b, hn::Mul(act, g));
 }
@@ -744,19 +783,20 @@ HWY_INLINE void SpanGatedBwd(const Fn& fn, const T* HWY_RESTRICT g, const T* HWY
   constexpr size_t K = kVecs<T>;
   size_t i = 0;
   for (; i + K * nl <= n; i += K * nl) {
-    V gv[K], av[K], bv[K];
+    V gv[K], av[K], dv[K], bv[K];
     LoadStep(d, g + i, gv);
-    LoadStep(d, a + i, av);
+    ActStep<true, true>(fn, d, a + i, av, dv);
     LoadStep(d, b + i, bv);
     TEFL_UNROLL_K
-    for (size_t k = 0; k < K; ++k) GatedBwdVec(fn, gv[k], av[k], bv[k], av[k], bv[k]);
+    for (size_t k = 0; k < K; ++k) GatedBwdVec(fn, gv[k], av[k], dv[k], bv[k], av[k], bv[k]);
     StoreStep<kNative, kBf16TiesAway<Fn>>(d, av, da + i, stream);
     StoreStep<kNative, kBf16TiesAway<Fn>>(d, bv, db + i, stream);
   }
   for (; i < n; i += nl) {
     const size_t m = std::min(nl, n - i);
-    V va, vb;
-    GatedBwdVec(fn, LoadPartial(d, g + i, m), LoadPartial(d, a + i, m), LoadPartial(d, b + i, m), va, vb);
+    V act, dact, va, vb;
+    ActPartial<true, true>(fn, d, a + i, m, &act, &dact);
+    GatedBwdVec(fn, LoadPartial(d, g + i, m), act, dact, LoadPartial(d, b + i, m), va, vb);
     StorePartial(d, va, da + i, m);
     StorePartial(d, vb, db + i, m);
   }
@@ -968,28 +1008,32 @@ HWY_NOINLINE void RunItems(const Fn& fn, const Job& j, int64_t begin, int64_t en
 }
 
 #if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_SSE4
-// Items [begin, end) of an all-bf16 gelu/qgelu/silu call of kind kKind
-// (forward, backward or dbias) from kAct's tables.
+// Items [begin, end) of an all-bf16 call of kind kKind from kAct's tables
+// (Job::table: gelu and geglu forward; the derivatives of gelu, qgelu and
+// silu, dbias_ included).
 template <Kind kKind, Act kAct>
 HWY_NOINLINE void TableItemsOfAct(const Job& j, int64_t begin, int64_t end) {
+  if constexpr (kKind == Kind::kFwd || kKind == Kind::kGatedFwd) static_assert(kAct == Act::kGelu);
   if constexpr (kKind == Kind::kFwd) {
-    static_assert(kAct == Act::kGelu);
     const size_t e0 = size_t(begin * kBlock), e1 = size_t(std::min(end * kBlock, j.n));
-    SpanFwdTable(ActTable<kAct, false>(), static_cast<const bfloat16_t*>(j.x) + e0, static_cast<bfloat16_t*>(j.y) + e0,
-                 e1 - e0, j.stream);
+    SpanFwdTable(ActTable<kAct, Table::kFwdBf16>(), static_cast<const bfloat16_t*>(j.x) + e0,
+                 static_cast<bfloat16_t*>(j.y) + e0, e1 - e0, j.stream);
   } else if constexpr (kKind == Kind::kBwd) {
-    FlatItems<kKind, DActFromTable, bfloat16_t>(DActFromTable{ActTable<kAct, true>()}, j, begin, end);
+    FlatItems<kKind, FromTables, bfloat16_t>(FromTables{{}, nullptr, ActTable<kAct, Table::kDAct>()}, j, begin, end);
+  } else if constexpr (kKind == Kind::kGatedFwd) {
+    GatedRows<kKind, FromTables, bfloat16_t>(FromTables{{}, ActTable<kAct, Table::kAct>(), nullptr}, j, begin, end);
   } else {
-    const DActFromTable fn{ActTable<kAct, true>()};
+    static_assert(kKind == Kind::kDbias);
+    const FromTables fn{{}, nullptr, ActTable<kAct, Table::kDAct>()};
     ForDbiasBlocks(j, begin, end, [&](int64_t r0, int64_t r1, float* acc, double* partial) HWY_ATTR {
-      DbiasRows<DActFromTable, bfloat16_t>(fn, j, r0, r1, acc, partial);
+      DbiasRows<FromTables, bfloat16_t>(fn, j, r0, r1, acc, partial);
     });
   }
 }
 
 template <Kind kKind>
 HWY_INLINE void TableItems(const Job& j, int64_t begin, int64_t end) {
-  if constexpr (kKind == Kind::kFwd) {
+  if constexpr (kKind == Kind::kFwd || kKind == Kind::kGatedFwd) {
     return TableItemsOfAct<kKind, Act::kGelu>(j, begin, end);  // Kernel sets Job::table for gelu only
   } else {
     switch (j.act) {
@@ -1036,7 +1080,7 @@ HWY_INLINE void ItemsOfAct(const Job& j, int64_t begin, int64_t end) {
 template <Kind kKind>
 HWY_INLINE void ItemsOfKind(const Job& j, int64_t begin, int64_t end) {
 #if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_SSE4
-  if constexpr (kKind == Kind::kFwd || kKind == Kind::kBwd || kKind == Kind::kDbias) {
+  if constexpr (kKind != Kind::kGatedBwd) {
     if (j.table) return TableItems<kKind>(j, begin, end);
   }
 #endif
@@ -1214,10 +1258,11 @@ tefl_status* Kernel(const tefl_call_frame* f, void*) {
     j.native = j.fast && j.tx == DType::kBF16 && UseBf16NativeStore();
     j.fast_act = j.fast && j.tx == DType::kBF16 && (kKind != Kind::kDbias || tdb == DType::kBF16) &&
                  PortablePathOn(PortablePath::kBf16FastAct);
-    // Forward: gelu only (computed silu and qgelu are as fast as a lookup).
-    // The tables hold the fp32 path's values, so they serve bf16 dbias of
-    // any dbias dtype (fast_act does not).
-    constexpr bool kTableAct = kKind == Kind::kFwd
+    // Forward: gelu and geglu only (computed silu and qgelu are as fast as
+    // a lookup); no gated backward (two lookups per element were no faster
+    // than ActDAct). The tables hold the fp32 path's values, so they serve
+    // bf16 dbias of any dbias dtype (fast_act does not).
+    constexpr bool kTableAct = kKind == Kind::kFwd || kKind == Kind::kGatedFwd
                                    ? kAct == Act::kGelu
                                    : (kKind == Kind::kBwd || kKind == Kind::kDbias) &&
                                          (kAct == Act::kGelu || kAct == Act::kQGelu || kAct == Act::kSilu);
