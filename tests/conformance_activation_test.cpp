@@ -702,10 +702,16 @@ TEST(ActivationSpecial, Bf16TablesAreTheFp32Path) {
     for (const char* table : {"1", "0"}) {
       SCOPED_TRACE(std::string("TEFL_PORTABLE_BF16_ACT_TABLE=") + table);
       Problem run = b16;
+      const char* was = std::getenv("TEFL_PORTABLE_BF16_ACT_TABLE");  // restored after (ctest sets it for a run)
+      const std::string saved = was ? was : "";
       setenv("TEFL_PORTABLE_BF16_ACT_TABLE", table, 1);
       tefl::backends::ReloadPortableSwitches();
       const Status st = RunImpl(name, "default.portable", Ptrs(run.in), Ptrs(run.out), nullptr);
-      unsetenv("TEFL_PORTABLE_BF16_ACT_TABLE");
+      if (was) {
+        setenv("TEFL_PORTABLE_BF16_ACT_TABLE", saved.c_str(), 1);
+      } else {
+        unsetenv("TEFL_PORTABLE_BF16_ACT_TABLE");
+      }
       tefl::backends::ReloadPortableSwitches();
       ASSERT_TRUE(st.ok()) << st.ToString();
       const auto* got = static_cast<const uint16_t*>(run.out[0].t.bytes());
