@@ -534,12 +534,14 @@ constexpr bool kBf16TiesAway = (HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_SSE4
 // [64, 4096], dgelu ~2.4x, gelu ~1.2x; not silu and qgelu forward, whose
 // computed form is as fast (docs/perf-activation.md, session 24). The tables
 // hold the fp32 path's values (the accurate functors, this target's code):
-// gelu(x) rounded to bf16 (nearest even) for gelu; act(x) and dact(x) in
-// fp32 for geglu and the derivatives, which the loops multiply by the gate
-// and gradient. So an all-bf16 gelu is its fp32 result rounded, and dgelu,
-// dqgelu, dsilu (and dbias_), geglu, dgeglu, dqgeglu and dswiglu are the
-// fp32 path's products, rounded as StoreStep rounds. Each table is filled
-// on its first use (65536 values, ~30-60 us) and kept for the process.
+// gelu(x) rounded to bf16 (nearest even) for gelu; gelu(x) in fp32 for
+// geglu and dact(x) in fp32 for the derivatives, which the loops multiply by
+// the gate and the gradient. So an all-bf16 gelu is its fp32 result rounded,
+// and geglu, dgelu, dqgelu, dsilu (and dbias_) are the fp32 path's products,
+// rounded as StoreStep rounds. The gated backward ops stay computed (two
+// lookups per element were no faster than ActDAct). Each table is filled
+// on its first use (65536 values; 0.3-0.6 ms on Zen 3, mostly the first
+// touch of its fresh pages) and kept for the process.
 // AVX-512 keeps the computed paths, faster there.
 enum class Table : uint8_t { kFwdBf16, kAct, kDAct };
 
