@@ -19,9 +19,12 @@ struct PathInfo {
   Needs needs;
 };
 constexpr PathInfo kPaths[] = {
-    {"TEFL_PORTABLE_BF16_CVT", Needs::kAvx512Bf16},     {"TEFL_PORTABLE_BF16_FAST_ACT", Needs::kNothing},
-    {"TEFL_PORTABLE_ATTN_BF16DOT", Needs::kAvx512Bf16}, {"TEFL_PORTABLE_DROPOUT_AVX512", Needs::kAvx512Bmi2},
-    {"TEFL_PORTABLE_BF16_ACT_TABLE", Needs::kNothing},
+    // In PortablePath's order, one per line.
+    {"TEFL_PORTABLE_BF16_CVT", Needs::kAvx512Bf16},        // kBf16Cvt
+    {"TEFL_PORTABLE_BF16_FAST_ACT", Needs::kNothing},      // kBf16FastAct
+    {"TEFL_PORTABLE_ATTN_BF16DOT", Needs::kAvx512Bf16},    // kAttnBf16Dot
+    {"TEFL_PORTABLE_DROPOUT_AVX512", Needs::kAvx512Bmi2},  // kDropoutAvx512
+    {"TEFL_PORTABLE_BF16_ACT_TABLE", Needs::kNothing},     // kBf16ActTable
 };
 static_assert(sizeof(kPaths) / sizeof(kPaths[0]) == size_t(PortablePath::kCount));
 
