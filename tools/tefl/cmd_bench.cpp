@@ -150,8 +150,9 @@ void AddBenchCommand(CLI::App& app) {
   cmd->add_option("--dtype", args->dtype, "Data dtype: fp32, bf16, fp16")->capture_default_str();
   CLI::Option* size_opt =
       cmd->add_option("--size,--shape", args->size,
-                      "Shape of the main input (default per family: 4096,4096; softmax 2,16,1024,1024; rope "
-                      "2048,2,32,128; gemm 1024,1024 (M,K; N = K); attention 2,1024,16,64 (b,s,h,d))");
+                      "Shape of the main input (gated activations: [N.., H], their input being [N.., 2H]; default "
+                      "per family: 4096,4096; softmax 2,16,1024,1024; rope 2048,2,32,128; gemm 1024,1024 (M,K; N = "
+                      "K); attention 2,1024,16,64 (b,s,h,d))");
   cmd->add_option("--min-time", args->min_time, "Seconds sampled per measurement")->capture_default_str();
   cmd->add_flag("--json", args->json, "Print JSON");
   cmd->add_option("--plot", args->plot, "Also draw a roofline-style chart (needs python3 with matplotlib)")
