@@ -42,6 +42,7 @@ using tefl::testing::RunImplDL;
 using tefl::testing::Tensor;
 using tefl::testing::Tolerance;
 using tefl::testing::ToleranceFor;
+using tefl::testing::WithPortableSwitch;
 
 constexpr const char* kReference = tefl::testing::kReferenceImpl;
 constexpr double kSentinel = -31337.0;  // outputs start as this
@@ -702,17 +703,9 @@ TEST(ActivationSpecial, Bf16TablesAreTheFp32Path) {
     for (const char* table : {"1", "0"}) {
       SCOPED_TRACE(std::string("TEFL_PORTABLE_BF16_ACT_TABLE=") + table);
       Problem run = b16;
-      const char* was = std::getenv("TEFL_PORTABLE_BF16_ACT_TABLE");  // restored after (ctest sets it for a run)
-      const std::string saved = was ? was : "";
-      setenv("TEFL_PORTABLE_BF16_ACT_TABLE", table, 1);
-      tefl::backends::ReloadPortableSwitches();
-      const Status st = RunImpl(name, "default.portable", Ptrs(run.in), Ptrs(run.out), nullptr);
-      if (was) {
-        setenv("TEFL_PORTABLE_BF16_ACT_TABLE", saved.c_str(), 1);
-      } else {
-        unsetenv("TEFL_PORTABLE_BF16_ACT_TABLE");
-      }
-      tefl::backends::ReloadPortableSwitches();
+      const Status st = WithPortableSwitch("TEFL_PORTABLE_BF16_ACT_TABLE", table, [&] {
+        return RunImpl(name, "default.portable", Ptrs(run.in), Ptrs(run.out), nullptr);
+      });
       ASSERT_TRUE(st.ok()) << st.ToString();
       const auto* got = static_cast<const uint16_t*>(run.out[0].t.bytes());
       const auto* wide = static_cast<const float*>(f32.out[0].t.bytes());
@@ -1024,11 +1017,9 @@ TEST(ActivationSpecial, Bf16NativeStoreMatchesIntegerRounding) {
       for (int64_t i = 0; i < g.numel() / 6; ++i) g.set(3 * g.numel() / 6 + i, g.at(3 * g.numel() / 6 + i) * 1e-38);
     }
     Problem hwy = p, native = p;
-    setenv("TEFL_PORTABLE_BF16_CVT", "0", 1);
-    tefl::backends::ReloadPortableSwitches();
-    const Status s0 = RunImpl(op.name, impl, Ptrs(hwy.in), Ptrs(hwy.out), hwy.attrs());
-    unsetenv("TEFL_PORTABLE_BF16_CVT");
-    tefl::backends::ReloadPortableSwitches();
+    const Status s0 = WithPortableSwitch("TEFL_PORTABLE_BF16_CVT", "0", [&] {
+      return RunImpl(op.name, impl, Ptrs(hwy.in), Ptrs(hwy.out), hwy.attrs());
+    });
     ASSERT_TRUE(s0.ok()) << s0.ToString();
     const Status s1 = RunImpl(op.name, impl, Ptrs(native.in), Ptrs(native.out), native.attrs());
     ASSERT_TRUE(s1.ok()) << s1.ToString();

@@ -32,6 +32,7 @@ using tefl::testing::MustServe;
 using tefl::testing::RunImplDL;
 using tefl::testing::Tensor;
 using tefl::testing::Tolerance;
+using tefl::testing::WithPortableSwitch;
 
 constexpr const char* kReference = tefl::testing::kReferenceImpl;
 constexpr double kSentinel = -31337.0;
@@ -589,22 +590,14 @@ TEST(AttentionBf16Dot, MatchesTheFp32ProductsOnTheSameInputs) {
     Problem f32 = Make(s);
     f32.o = dot.o;
     f32.stats = dot.stats;
-    ASSERT_EQ(setenv("TEFL_PORTABLE_ATTN_BF16DOT", "0", 1), 0);
-    tefl::backends::ReloadPortableSwitches();
-    const Status st = RunBwd(f32, kPortable);
-    unsetenv("TEFL_PORTABLE_ATTN_BF16DOT");
-    tefl::backends::ReloadPortableSwitches();
+    const Status st = WithPortableSwitch("TEFL_PORTABLE_ATTN_BF16DOT", "0", [&] { return RunBwd(f32, kPortable); });
     ASSERT_TRUE(st.ok()) << st.ToString();
     const Tolerance tol = AttnTol(DType::kBF16);
     std::string msg = Cmp("dq", dot.dq, f32.dq, tol) + Cmp("dk", dot.dk, f32.dk, tol) + Cmp("dv", dot.dv, f32.dv, tol);
     // The forward (S = Q K^T and O += P V on vdpbf16ps, P rounded to bf16).
     Problem fdot = Make(s), ff32 = Make(s);
     ASSERT_TRUE(RunFwd(fdot, kPortable).ok());
-    ASSERT_EQ(setenv("TEFL_PORTABLE_ATTN_BF16DOT", "0", 1), 0);
-    tefl::backends::ReloadPortableSwitches();
-    const Status fst = RunFwd(ff32, kPortable);
-    unsetenv("TEFL_PORTABLE_ATTN_BF16DOT");
-    tefl::backends::ReloadPortableSwitches();
+    const Status fst = WithPortableSwitch("TEFL_PORTABLE_ATTN_BF16DOT", "0", [&] { return RunFwd(ff32, kPortable); });
     ASSERT_TRUE(fst.ok()) << fst.ToString();
     msg += Cmp("o", fdot.o, ff32.o, tol) + Cmp("stats", fdot.stats, ff32.stats, Tolerance{1e-3, 1e-3});
     for (int64_t i = 0; i < fdot.o.numel() && !any_fwd_diff; ++i) any_fwd_diff |= fdot.o.at(i) != ff32.o.at(i);

@@ -30,6 +30,7 @@ using tefl::testing::MustServe;
 using tefl::testing::RunImpl;
 using tefl::testing::Tensor;
 using tefl::testing::ToleranceFor;
+using tefl::testing::WithPortableSwitch;
 
 constexpr const char* kReference = tefl::testing::kReferenceImpl;
 constexpr double kSentinel = -31337.0;
@@ -417,11 +418,9 @@ TEST(DropoutSpecial, Avx512PathMatchesHighwayPath) {
         const tefl_dropout_attrs a = Attrs(0xFEDCBA9876543210ull + uint64_t(n), 0x0000000700000003ull, p);
         Tensor y0 = Sentinel(c.y, {n}), m0 = Sentinel(DType::kU8, {n});
         Tensor y1 = Sentinel(c.y, {n}), m1 = Sentinel(DType::kU8, {n});
-        ASSERT_EQ(setenv("TEFL_PORTABLE_DROPOUT_AVX512", "0", 1), 0);
-        tefl::backends::ReloadPortableSwitches();
-        const Status s0 = RunImpl("dropout_fwd", "default.portable", {&x}, {&y0, &m0}, &a);
-        unsetenv("TEFL_PORTABLE_DROPOUT_AVX512");
-        tefl::backends::ReloadPortableSwitches();
+        const Status s0 = WithPortableSwitch("TEFL_PORTABLE_DROPOUT_AVX512", "0", [&] {
+          return RunImpl("dropout_fwd", "default.portable", {&x}, {&y0, &m0}, &a);
+        });
         ASSERT_TRUE(s0.ok()) << s0.ToString();
         ASSERT_TRUE(RunImpl("dropout_fwd", "default.portable", {&x}, {&y1, &m1}, &a).ok());
         EXPECT_TRUE(m0.SameBytes(m1)) << "mask";
@@ -471,11 +470,9 @@ TEST(DropoutSpecial, Avx512StreamingStoresLargeOutputs) {
     x.Uniform("stream");
     const tefl_dropout_attrs a = Attrs(5, 6, 0.25f);
     Tensor y0(t, {n}), m0(DType::kU8, {n}), y1(t, {n}), m1(DType::kU8, {n});
-    ASSERT_EQ(setenv("TEFL_PORTABLE_DROPOUT_AVX512", "0", 1), 0);
-    tefl::backends::ReloadPortableSwitches();
-    const Status s0 = RunImpl("dropout_fwd", "default.portable", {&x}, {&y0, &m0}, &a);
-    unsetenv("TEFL_PORTABLE_DROPOUT_AVX512");
-    tefl::backends::ReloadPortableSwitches();
+    const Status s0 = WithPortableSwitch("TEFL_PORTABLE_DROPOUT_AVX512", "0", [&] {
+      return RunImpl("dropout_fwd", "default.portable", {&x}, {&y0, &m0}, &a);
+    });
     ASSERT_TRUE(s0.ok()) << s0.ToString();
     ASSERT_TRUE(RunImpl("dropout_fwd", "default.portable", {&x}, {&y1, &m1}, &a).ok());
     EXPECT_TRUE(m0.SameBytes(m1)) << "mask";

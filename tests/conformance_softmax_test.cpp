@@ -35,6 +35,7 @@ using tefl::testing::RunImplDL;
 using tefl::testing::Tensor;
 using tefl::testing::Tolerance;
 using tefl::testing::ToleranceFor;
+using tefl::testing::WithPortableSwitch;
 
 constexpr const char* kReference = tefl::testing::kReferenceImpl;
 constexpr double kSentinel = -31337.0;
@@ -668,21 +669,16 @@ TEST(SoftmaxConformanceSpecial, Bf16NativeStoreMatchesIntegerRounding) {
     std::vector<Tensor*> in = {&x};
     if (std::string(op) == "scaled_masked_softmax_forward") in.push_back(&m);
     Tensor y0(DType::kBF16, shape), y1(DType::kBF16, shape);
-    setenv("TEFL_PORTABLE_BF16_CVT", "0", 1);
-    tefl::backends::ReloadPortableSwitches();
-    const Status s0 = RunImpl(op, impl, in, {&y0}, &attrs);
-    unsetenv("TEFL_PORTABLE_BF16_CVT");
-    tefl::backends::ReloadPortableSwitches();
+    const Status s0 =
+        WithPortableSwitch("TEFL_PORTABLE_BF16_CVT", "0", [&] { return RunImpl(op, impl, in, {&y0}, &attrs); });
     ASSERT_TRUE(s0.ok()) << s0.ToString();
     ASSERT_TRUE(RunImpl(op, impl, in, {&y1}, &attrs).ok());
     EXPECT_EQ(std::memcmp(y0.bytes(), y1.bytes(), y0.nbytes()), 0);
     // Backward on the forward's output.
     Tensor dx0(DType::kBF16, shape), dx1(DType::kBF16, shape);
-    setenv("TEFL_PORTABLE_BF16_CVT", "0", 1);
-    tefl::backends::ReloadPortableSwitches();
-    const Status b0 = RunImpl("scaled_softmax_backward", impl, {&dy, &y0}, {&dx0}, &attrs);
-    unsetenv("TEFL_PORTABLE_BF16_CVT");
-    tefl::backends::ReloadPortableSwitches();
+    const Status b0 = WithPortableSwitch("TEFL_PORTABLE_BF16_CVT", "0", [&] {
+      return RunImpl("scaled_softmax_backward", impl, {&dy, &y0}, {&dx0}, &attrs);
+    });
     ASSERT_TRUE(b0.ok()) << b0.ToString();
     ASSERT_TRUE(RunImpl("scaled_softmax_backward", impl, {&dy, &y0}, {&dx1}, &attrs).ok());
     EXPECT_EQ(std::memcmp(dx0.bytes(), dx1.bytes(), dx0.nbytes()), 0);
@@ -729,11 +725,8 @@ TEST(SoftmaxConformanceSpecial, Bf16FastExpMatchesReference) {
         Tensor y[2] = {Output(DType::kBF16, shape), Output(DType::kBF16, shape)};
         for (int fast = 0; fast < 2; ++fast) {
           SCOPED_TRACE(fast ? "TEFL_PORTABLE_BF16_FAST_ACT=1" : "TEFL_PORTABLE_BF16_FAST_ACT=0");
-          setenv("TEFL_PORTABLE_BF16_FAST_ACT", fast ? "1" : "0", 1);
-          tefl::backends::ReloadPortableSwitches();
-          const Status s = RunImpl(info.fwd, impl, p, {&y[fast]}, &attrs);
-          unsetenv("TEFL_PORTABLE_BF16_FAST_ACT");
-          tefl::backends::ReloadPortableSwitches();
+          const Status s = WithPortableSwitch("TEFL_PORTABLE_BF16_FAST_ACT", fast ? "1" : "0",
+                                              [&] { return RunImpl(info.fwd, impl, p, {&y[fast]}, &attrs); });
           ASSERT_TRUE(s.ok()) << s.ToString();
           EXPECT_TRUE(y[fast].GuardsIntact());
           const CompareResult r = Compare(y[fast], ref, SoftmaxTolerance(DType::kBF16));

@@ -4,11 +4,13 @@
 #define TEFL_TESTS_TEST_SUPPORT_H_
 
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "backends/portable/cpu_paths.h"
 #include "check/tensor.h"
 #include "core/dtype.h"
 #include "tefl/tefl.hpp"
@@ -20,6 +22,27 @@ using check::CompareResult;
 using check::Tensor;
 using check::Tolerance;
 using check::ToleranceFor;
+
+// Runs run() with environment variable `name` (one of default.portable's
+// TEFL_PORTABLE_* switches, cpu_paths.h) set to `value`, re-reading the
+// switches before and after; the variable's previous value, or its absence,
+// is restored (a ctest run may set it for the whole process). Returns run()'s
+// result.
+template <class Run>
+auto WithPortableSwitch(const char* name, const char* value, Run&& run) {
+  const char* was = std::getenv(name);
+  const std::string saved = was ? was : "";
+  setenv(name, value, 1);
+  tefl::backends::ReloadPortableSwitches();
+  auto result = run();
+  if (was) {
+    setenv(name, saved.c_str(), 1);
+  } else {
+    unsetenv(name);
+  }
+  tefl::backends::ReloadPortableSwitches();
+  return result;
+}
 
 // Captures log lines while alive (and restores the previous sink after).
 class LogCapture {
