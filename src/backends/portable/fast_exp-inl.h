@@ -64,10 +64,18 @@ HWY_INLINE V ExpReducedPoly(DF d, V r) {
 }
 
 // d is a full float tag (the AVX-512 path uses the whole 512-bit register).
-template <int kDeg = 5, class DF, class V = hn::Vec<DF>>
+// kClampLow (x86 below AVX-512): v is clamped at -88 first instead of the
+// final select (one operation fewer): n = -127 there, whose 2^n bits are 0,
+// so e^v is 0 for v <= -88 (and -inf), 2^-126 p for v in (-87.68, -87],
+// identical above; max(-88, v) keeps a NaN v (maxps: the second operand).
+template <int kDeg = 5, bool kClampLow = false, class DF, class V = hn::Vec<DF>>
 HWY_INLINE V ExpNonPositive(DF d, V v) {
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   v = hn::Max(hn::Set(d, -105.0f), v);  // _mm512_max_ps: the second operand when either is NaN
+#elif HWY_ARCH_X86 && HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128
+  if constexpr (kClampLow) v = hn::Max(hn::Set(d, -88.0f), v);
+#else
+  static_assert(!kClampLow, "kClampLow relies on x86 max keeping a NaN");
 #endif
   const hn::RebindToUnsigned<DF> du;
   const V magic = hn::Set(d, 12583039.0f);  // 1.5 * 2^23 + 127
@@ -80,6 +88,7 @@ HWY_INLINE V ExpNonPositive(DF d, V v) {
   return V{_mm512_scalef_ps(p.raw, n.raw)};
 #else
   const V scale = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(du, t)));
+  if constexpr (kClampLow) return hn::Mul(p, scale);
   return hn::IfThenZeroElse(hn::Lt(v, hn::Set(d, -87.0f)), hn::Mul(p, scale));
 #endif
 }

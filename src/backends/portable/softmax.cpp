@@ -495,6 +495,127 @@ HWY_INLINE float FastRow(const SmFwdArgs& a, int64_t r, int64_t r1, const uint8_
   }
 }
 
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_SSE4
+// ---- The fast path, bf16 in and out, on AVX2 and SSE4: pair order ------------
+// FastRow + WriteRow in activation.cpp's bf16 lane order: one u32 load of a
+// step (2 Lanes(df) values) gives the even elements (bits << 16) and the odd
+// ones (bits & 0xFFFF0000) as two fp32 vectors with no widening shuffle; s
+// keeps each step's exps in that order (even, then odd) and pass 3 packs
+// them back with a shift, an and and an or (instead of a widening load per
+// vector and a rounding plus ConcatOdd per pair). Same passes, scores and
+// exp as FastRow (ExpNonPositive<3> clamped at -88 rather than selected:
+// 0 below, as before); columns after the last whole step in [0, kept) go through
+// s in memory order (one vector at a time, -inf padded, scalar stores).
+// Rounding to bf16 is to nearest with ties away from zero (bits + 0x8000, one
+// add per vector instead of four): the exp's 7.5e-5 relative error dwarfs
+// the 2^-24 that separates a tie from its neighbours, so either tie rule
+// gives one of the two bf16 neighbours of a value not known to lie on the
+// tie (as activation.cpp's kBf16TiesAway). A NaN here comes from bf16 data
+// or is the default NaN: its low half is zero, so the add cannot carry into
+// the exponent or the sign.
+constexpr bool kPairRows = true;
+
+template <bool kHasMask, bool kStream>
+HWY_INLINE void PairRow(const SmFwdArgs& a, int64_t r, int64_t r1, const uint8_t* HWY_RESTRICT m, size_t kept,
+                        float* HWY_RESTRICT s) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const hn::Rebind<uint16_t, decltype(df)> dh;      // a step's mask bytes as u16 pairs
+  const hn::Repartition<uint8_t, decltype(dh)> d8;  // the same bytes
+  using VF = hn::Vec<decltype(df)>;
+  const size_t nf = hn::Lanes(df), step = 2 * nf, full = kept / step * step;
+  const size_t sk = size_t(a.sk);
+  const bfloat16_t* HWY_RESTRICT x = static_cast<const bfloat16_t*>(a.x) + size_t(r) * sk;
+  bfloat16_t* HWY_RESTRICT y = static_cast<bfloat16_t*>(a.y) + size_t(r) * sk;
+  const float scale = a.scale, masked = -10000.0f;
+  const auto vscale = hn::Set(df, scale);
+  const auto hi16 = hn::Set(du, 0xFFFF0000u);
+  const auto load = [&](size_t j, VF& ev, VF& od) HWY_ATTR {
+    const auto w = hn::LoadU(du, reinterpret_cast<const uint32_t*>(x + j));
+    ev = hn::BitCast(df, hn::ShiftLeft<16>(w));
+    od = hn::BitCast(df, hn::And(w, hi16));
+  };
+  // v where the mask byte is 0, `with` where it is not (even and odd elements).
+  const auto mask = [&](size_t j, VF with, VF& ev, VF& od) HWY_ATTR {
+    if constexpr (kHasMask) {
+      const auto mw = hn::PromoteTo(du, hn::BitCast(dh, hn::LoadU(d8, m + j)));
+      ev = hn::IfThenElse(hn::RebindMask(df, hn::Ne(hn::And(mw, hn::Set(du, 0xFFu)), hn::Zero(du))), with, ev);
+      od = hn::IfThenElse(hn::RebindMask(df, hn::Ne(hn::And(mw, hn::Set(du, 0xFF00u)), hn::Zero(du))), with, od);
+    } else {
+      (void)j;
+      (void)with;
+      (void)ev;
+      (void)od;
+    }
+  };
+  const auto score = [&](size_t i) { return kHasMask && m[i] != 0 ? masked : scale * ScalarLoad(x + i); };
+
+  // Pass 1: the max of the scores.
+  VF max0 = hn::Set(df, -std::numeric_limits<float>::infinity()), max1 = max0;
+  const VF vmasked = hn::Set(df, masked);
+  for (size_t j = 0; j < full; j += step) {
+    VF ev, od;
+    load(j, ev, od);
+    ev = hn::Mul(ev, vscale);
+    od = hn::Mul(od, vscale);
+    mask(j, vmasked, ev, od);
+    max0 = hn::Max(max0, ev);
+    max1 = hn::Max(max1, od);
+  }
+  float mx = hn::GetLane(hn::MaxOfLanes(df, hn::Max(max0, max1)));
+  for (size_t i = full; i < kept; ++i) mx = std::max(mx, score(i));
+
+  // Pass 2: s = exp(x * scale - max) (FastRow's ExpScores), summed.
+  const int64_t nr = r + 1 < r1 ? r + 1 : r;  // the next row of the chunk is prefetched
+  const bfloat16_t* next = static_cast<const bfloat16_t*>(a.x) + size_t(nr) * sk;
+  const size_t next_len = size_t(KeptColumns(a, nr));
+  const VF vnegmx = hn::Set(df, -mx), vmaskedmx = hn::Set(df, masked - mx);
+  VF sum0 = hn::Zero(df), sum1 = hn::Zero(df);
+  for (size_t j = 0; j < full; j += step) {
+    if (j < next_len) __builtin_prefetch(next + j, 0, 2);
+    VF ev, od;
+    load(j, ev, od);
+    ev = hn::MulAdd(ev, vscale, vnegmx);
+    od = hn::MulAdd(od, vscale, vnegmx);
+    mask(j, vmaskedmx, ev, od);
+    ev = ExpNonPositive<3, true>(df, ev);
+    od = ExpNonPositive<3, true>(df, od);
+    hn::StoreU(ev, df, s + j);
+    hn::StoreU(od, df, s + j + nf);
+    sum0 = hn::Add(sum0, ev);
+    sum1 = hn::Add(sum1, od);
+  }
+  for (size_t t = full; t < kept; t += nf) {  // the rest in memory order, one vector at a time
+    for (size_t i = t; i < t + nf; ++i) s[i] = i < kept ? score(i) - mx : -std::numeric_limits<float>::infinity();
+    const VF e = ExpNonPositive<3, true>(df, hn::LoadU(df, s + t));
+    hn::StoreU(e, df, s + t);
+    sum0 = hn::Add(sum0, e);
+  }
+  const float inv = 1.0f / hn::GetLane(hn::SumOfLanes(df, hn::Add(sum0, sum1)));
+
+  // Pass 3: y = s / sum, 0 from kept on.
+  const VF vinv = hn::Set(df, inv);
+  const auto half = hn::Set(du, 0x8000u);
+  uint32_t* HWY_RESTRICT y32 = reinterpret_cast<uint32_t*>(y);
+  for (size_t j = 0; j < full; j += step) {
+    const auto ev = hn::BitCast(du, hn::Mul(hn::LoadU(df, s + j), vinv));
+    const auto od = hn::BitCast(du, hn::Mul(hn::LoadU(df, s + j + nf), vinv));
+    const auto w = hn::Or(hn::ShiftRight<16>(hn::Add(ev, half)), hn::And(hn::Add(od, half), hi16));
+    if constexpr (kStream) {
+      hn::Stream(w, du, y32 + j / 2);
+    } else {
+      hn::StoreU(w, du, y32 + j / 2);
+    }
+  }
+  for (size_t i = full; i < kept; ++i) ScalarStore(s[i] * inv, y + i);
+  if (kept < sk) std::memset(static_cast<void*>(y + kept), 0, (sk - kept) * sizeof(bfloat16_t));
+}
+#else
+constexpr bool kPairRows = false;
+template <bool kHasMask, bool kStream>
+HWY_INLINE void PairRow(const SmFwdArgs&, int64_t, int64_t, const uint8_t*, size_t, float*) {}
+#endif
+
 // Exported: forward rows [r0, r1); s holds round_up(sk, lanes) floats.
 void SoftmaxFwdRows(const SmFwdArgs& a, int64_t r0, int64_t r1, float* s) {
   const hn::ScalableTag<float> df;
@@ -511,7 +632,15 @@ void SoftmaxFwdRows(const SmFwdArgs& a, int64_t r0, int64_t r1, float* s) {
     // No kept column (causal above the diagonal, or every score masked): 0.
     const bool none = kept == 0 || (m != nullptr && std::memchr(m, 0, kept) == nullptr);
     float inv = 0.0f;
-    size_t live = 0;  // columns whose s is valid
+    size_t live = 0;                                           // columns whose s is valid
+    if (!none && deg3 && kPairRows && a.tx == DType::kBF16) {  // bf16 in and out on AVX2 and SSE4
+      if (a.stream) {
+        m ? PairRow<true, true>(a, r, r1, m, kept, s) : PairRow<false, true>(a, r, r1, nullptr, kept, s);
+      } else {
+        m ? PairRow<true, false>(a, r, r1, m, kept, s) : PairRow<false, false>(a, r, r1, nullptr, kept, s);
+      }
+      continue;
+    }
     if (!none && deg3) {
       live = kept;
       inv = 1.0f / (m ? FastRow<true>(a, r, r1, m, kept, unit, s) : FastRow<false>(a, r, r1, nullptr, kept, unit, s));
