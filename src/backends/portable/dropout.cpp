@@ -104,6 +104,10 @@ HWY_INLINE void MaskGroupScalar(const DropArgs& a, uint64_t g, uint8_t* out, int
 struct PhiloxConsts {
   hn::Vec<hn::ScalableTag<uint64_t>> k0[10], k1[10], m0, m1, c2, c3;
   hn::Vec<hn::ScalableTag<uint32_t>> thr, half, one;
+  // Packed16Keep below: threshold16 ^ 0x8000 in every u16 lane, when
+  // threshold16 < 2^16 (`packed16`).
+  hn::Vec<hn::ScalableTag<uint16_t>> thr16;
+  bool packed16;
 };
 
 HWY_INLINE void InitConsts(const DropArgs& a, PhiloxConsts& c) {
@@ -124,6 +128,8 @@ HWY_INLINE void InitConsts(const DropArgs& a, PhiloxConsts& c) {
   c.thr = hn::Set(du, a.threshold16);
   c.half = hn::Set(du, 0xFFFFu);
   c.one = hn::Set(du, 1u);
+  c.packed16 = a.threshold16 <= 0xFFFFu;
+  c.thr16 = hn::Set(hn::ScalableTag<uint16_t>(), uint16_t(a.threshold16 ^ 0x8000u));
 }
 
 // Ten rounds on kN vectors of Lanes(u64) counters each (c0[i] = lo32(g) per
@@ -142,7 +148,8 @@ HWY_INLINE void PhiloxRounds(const PhiloxConsts& k, const hn::Vec<hn::ScalableTa
     c2[i] = k.c2;
     c3[i] = k.c3;
   }
-  for (int r = 0; r < 10; ++r) {
+  // Unrolled: the keys are memory operands and no register copies remain.
+  _Pragma("GCC unroll 10") for (int r = 0; r < 10; ++r) {
     _Pragma("GCC unroll 4") for (int i = 0; i < kN; ++i) {
       const auto p0 = hn::MulEven(hn::BitCast(du, c0[i]), hn::BitCast(du, k.m0));
       const auto p1 = hn::MulEven(hn::BitCast(du, c2[i]), hn::BitCast(du, k.m1));
@@ -174,6 +181,28 @@ HWY_INLINE void MaskGroupsVector(const PhiloxConsts& k, uint64_t g, uint8_t* out
   hn::Vec<decltype(d64)> c0[2 * kPairs], w[2 * kPairs][4];
   _Pragma("GCC unroll 4") for (int i = 0; i < 2 * kPairs; ++i) c0[i] = hn::Add(lo, hn::Set(d64, uint64_t(i) * n64));
   PhiloxRounds<2 * kPairs>(k, c0, hi, w);
+#if HWY_TARGET == HWY_AVX2
+  if (k.packed16) {
+    // Per chain (4 counters, 32 elements): each counter's four words side by
+    // side in memory order, so its eight 16-bit halves are elements 8g + 0..7
+    // in order; the halves compared as u16 (signed compare after ^ 0x8000)
+    // and packed to bytes, 12 operations per 32 mask bytes.
+    const __m256i thr16 = k.thr16.raw, sign16 = _mm256_set1_epi16(int16_t(0x8000)), one8 = _mm256_set1_epi8(1);
+    _Pragma("GCC unroll 4") for (int i = 0; i < 2 * kPairs; ++i) {
+      const __m256i t01 = _mm256_blend_epi32(w[i][0].raw, _mm256_slli_epi64(w[i][1].raw, 32), 0xAA);
+      const __m256i t23 = _mm256_blend_epi32(w[i][2].raw, _mm256_slli_epi64(w[i][3].raw, 32), 0xAA);
+      const __m256i c02 = _mm256_unpacklo_epi64(t01, t23);  // counters 0 | 2, words 0-3 each
+      const __m256i c13 = _mm256_unpackhi_epi64(t01, t23);  // counters 1 | 3
+      // dropped: half < threshold16, i.e. -1 in that lane; kept 0.
+      const __m256i d02 = _mm256_cmpgt_epi16(thr16, _mm256_xor_si256(c02, sign16));
+      const __m256i d13 = _mm256_cmpgt_epi16(thr16, _mm256_xor_si256(c13, sign16));
+      // packs per 128-bit half: counters 0, 1 | 2, 3, i.e. memory order; -1 + 1 = 0, 0 + 1 = 1.
+      const __m256i keep = _mm256_add_epi8(_mm256_packs_epi16(d02, d13), one8);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + size_t(i) * 32), keep);
+    }
+    return;
+  }
+#endif
   const auto thr = hn::BitCast(di, k.thr);
   const auto kept = [&](hn::Vec<decltype(du)> half) HWY_ATTR {
     return hn::IfThenZeroElse(hn::RebindMask(du, hn::Lt(hn::BitCast(di, half), thr)), k.one);
@@ -191,6 +220,10 @@ HWY_INLINE void MaskGroupsVector(const PhiloxConsts& k, uint64_t g, uint8_t* out
 }
 #endif
 
+// Two pairs of chains a step (four chains) where 32 vector registers hold
+// them; AVX2 and SSE4 have 16, and four chains' 16 words spill there.
+constexpr bool kTwoPairs = HWY_TARGET != HWY_AVX2 && HWY_TARGET != HWY_SSE4;
+
 // Mask bytes of elements [e0, e1); e0 is a multiple of 8.
 HWY_INLINE void MaskRange(const DropArgs& a, int64_t e0, int64_t e1) {
   uint64_t g = uint64_t(e0) / 8;
@@ -202,7 +235,7 @@ HWY_INLINE void MaskRange(const DropArgs& a, int64_t e0, int64_t e1) {
     PhiloxConsts k;
     InitConsts(a, k);
     // Two pairs of chains a step (MaskGroupsVector<2>), then one.
-    while (g + 2 * lanes <= full_end && uint32_t(g) <= UINT32_MAX - uint32_t(2 * lanes - 1)) {
+    while (kTwoPairs && g + 2 * lanes <= full_end && uint32_t(g) <= UINT32_MAX - uint32_t(2 * lanes - 1)) {
       MaskGroupsVector<2>(k, g, a.mask + g * 8);
       g += 2 * lanes;
     }
@@ -235,6 +268,32 @@ HWY_INLINE void ApplyT(const DropArgs& a, int64_t e0, int64_t e1) {
   size_t i = size_t(e0);
   const size_t end = size_t(e1);
 #if HWY_TARGET != HWY_SCALAR
+  if constexpr (std::is_same_v<TX, bfloat16_t> && std::is_same_v<TY, bfloat16_t>) {
+    // bf16 in and out in pair order (activation.cpp's): one u32 load of 2 nf
+    // values gives the even elements (bits << 16) and the odd ones (bits &
+    // 0xFFFF0000) as fp32 with no widening shuffle; the mask's 2 nf bytes,
+    // widened as u16 pairs, give the even (low byte) and odd (high byte)
+    // lanes' keep; the rounded upper halves are packed back by shift, and, or.
+    // Rounded to nearest even; every NaN here comes from bf16 data or is the
+    // default NaN (x * 0 of inf), so RoundBF16HiFromBF16Data needs no select.
+    const hn::RebindToUnsigned<decltype(df)> du32;
+    const hn::Rebind<uint16_t, decltype(df)> dh;
+    const hn::Repartition<uint8_t, decltype(dh)> d8p;
+    const auto hi16 = hn::Set(du32, 0xFFFF0000u);
+    const auto* HWY_RESTRICT x32 = reinterpret_cast<const uint32_t*>(x);
+    auto* HWY_RESTRICT y32 = reinterpret_cast<uint32_t*>(y);
+    for (; i + 2 * nf <= end; i += 2 * nf) {
+      const auto w = hn::LoadU(du32, x32 + i / 2);
+      const auto mw = hn::PromoteTo(du32, hn::BitCast(dh, hn::LoadU(d8p, m + i)));
+      const auto ke = hn::RebindMask(df, hn::Ne(hn::And(mw, hn::Set(du32, 0xFFu)), hn::Zero(du32)));
+      const auto ko = hn::RebindMask(df, hn::Ne(hn::And(mw, hn::Set(du32, 0xFF00u)), hn::Zero(du32)));
+      const auto ev = hn::Mul(hn::BitCast(df, hn::ShiftLeft<16>(w)), hn::IfThenElseZero(ke, vscale));
+      const auto od = hn::Mul(hn::BitCast(df, hn::And(w, hi16)), hn::IfThenElseZero(ko, vscale));
+      hn::StoreU(
+          hn::Or(hn::ShiftRight<16>(RoundBF16HiFromBF16Data(ev, df)), hn::And(RoundBF16HiFromBF16Data(od, df), hi16)),
+          du32, y32 + i / 2);
+    }
+  }
   if constexpr (std::is_same_v<TY, bfloat16_t>) {
     const hn::Repartition<uint16_t, decltype(df)> du16;
     uint16_t* HWY_RESTRICT yu = reinterpret_cast<uint16_t*>(y);
