@@ -14,9 +14,12 @@
 //     latency, their words gathered into u32 lanes (ConcatEven), both halves of
 //     each compared, the keep bytes of halves 0-3 and 4-7 of a group packed
 //     into two u32 (little-endian: byte k is element 8g + k) and stored
-//     interleaved straight into the mask tensor;
+//     interleaved straight into the mask tensor (on AVX2: each counter's
+//     words side by side, their u16 halves compared and packed to bytes,
+//     MaskGroupsVector); two chains on AVX2 and SSE4 (16 registers);
 //  2. output = x * (mask ? 1 / (1 - p) : 0) in fp32, reading the mask back
-//     from L1 (x * 0 keeps IEEE: a dropped NaN or inf gives NaN).
+//     from L1 (x * 0 keeps IEEE: a dropped NaN or inf gives NaN); bf16 in
+//     and out in activation.cpp's pair order (ApplyT).
 // dropout_bwd is step 2 alone with the given mask (nonzero = kept).
 // A vector whose groups would carry into the counter's high word (g crossing
 // a multiple of 2^32) and the last partial group use the scalar Philox.
