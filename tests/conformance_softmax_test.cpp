@@ -754,6 +754,53 @@ TEST(SoftmaxConformanceSpecial, Bf16FastExpMatchesReference) {
   EXPECT_GT(differing, 0) << "TEFL_PORTABLE_BF16_FAST_ACT made no difference";
 }
 
+// Scores far above the exp's range: each score is rounded before the max is
+// subtracted, so the max scores 0 exactly (a fused x * scale - max could
+// exceed 0 by half an ulp of the max: the exp overflowed from ~1.5e9 on and
+// the rows came out NaN or with -0). Finite x: no NaN, no negative output, and
+// the reference's values, on both bf16 paths and the fp32 output.
+TEST(SoftmaxConformanceSpecial, HugeScaleScoresStayFinite) {
+  const char* impl = "default.portable";
+  for (const OpInfo& info : kOps) {
+    for (float scale : {3e9f, 1e20f, -1e20f, 1e37f}) {
+      for (int64_t sk : {2, 17, 2049}) {
+        for (DType ty : {DType::kBF16, DType::kF32}) {
+          const bool rank3 = info.v == Variant::kUpperTriang;
+          const int64_t sq = rank3 ? sk : 3;
+          const std::vector<int64_t> shape =
+              rank3 ? std::vector<int64_t>{1, sq, sk} : std::vector<int64_t>{1, 2, sq, sk};
+          const std::string seed = fmt::format("hugescale_{}_{}_{}_{}", info.fwd, scale, sk, Short(ty));
+          SCOPED_TRACE(seed);
+          Tensor x(DType::kBF16, shape);
+          x.Uniform(seed, -3.0, 3.0);
+          x.set(0, 1.1015625);  // the audit's row: [1.1015625, 0] at scale 3e9 gave [NaN, NaN]
+          x.set(1, 0.0);
+          std::vector<Tensor> in = {x};
+          if (info.v == Variant::kMasked) in.push_back(MakeMask(1, sq, sk, seed));
+          std::vector<Tensor*> p;
+          for (Tensor& t : in) p.push_back(&t);
+          const tefl_softmax_attrs attrs = Attrs(scale);
+          Tensor ref = Output(ty, shape);
+          ASSERT_TRUE(RunImpl(info.fwd, kReference, p, {&ref}, &attrs).ok());
+          for (int fast = 0; fast < (ty == DType::kBF16 ? 2 : 1); ++fast) {
+            SCOPED_TRACE(fast ? "TEFL_PORTABLE_BF16_FAST_ACT=1" : "TEFL_PORTABLE_BF16_FAST_ACT=0");
+            Tensor y = Output(ty, shape);
+            const Status st = WithPortableSwitch("TEFL_PORTABLE_BF16_FAST_ACT", fast ? "1" : "0",
+                                                 [&] { return RunImpl(info.fwd, impl, p, {&y}, &attrs); });
+            ASSERT_TRUE(st.ok()) << st.ToString();
+            for (int64_t i = 0; i < y.numel(); ++i) {
+              ASSERT_FALSE(std::isnan(y.at(i))) << "element " << i << " (reference " << ref.at(i) << ")";
+              ASSERT_FALSE(std::signbit(y.at(i))) << "element " << i << " is " << y.at(i);
+            }
+            const CompareResult r = Compare(y, ref, SoftmaxTolerance(ty));
+            EXPECT_EQ(r.mismatches, 0) << r.ToString();
+          }
+        }
+      }
+    }
+  }
+}
+
 // TE's masked score is exactly -10000 (not -inf): when the kept scores are
 // near -10000 the masked columns take part. A row of x = -10000 (scale 1)
 // with half its columns masked is uniform over every column; a row of

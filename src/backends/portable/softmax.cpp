@@ -18,8 +18,8 @@
 //  3. y = s * (1 / sum) for j < kept, 0 after; stored, or streamed with
 //     non-temporal stores for large aligned outputs.
 // bf16 outputs with the degree-3 exp (the fast path) fuse differently: pass
-// 1 takes only the max, pass 2 recomputes each score from x (one FMA, x *
-// scale - max) and stores its exp into s: one scratch round trip less per
+// 1 takes only the max, pass 2 recomputes each score from x ((x * scale)
+// - max, the score rounded first) and stores its exp into s: one scratch round trip less per
 // element, which set the pace (bf16 [4, 16, 2048, 2048]: 41-46 -> 33-34 ms).
 // On AVX-512 that path's scores are in log2 units (scale and -10000 times
 // log2(e)) and the exp is fast_exp-inl.h's Exp2Reduced.
@@ -296,7 +296,7 @@ HWY_INLINE float ExpRow(float* HWY_RESTRICT s, size_t padded, float mx, const TX
 // ---- Forward pass 2 of the kDeg 3 path (bf16 outputs) ----------------------
 // The row of x is read twice instead of going through the scratch row twice:
 // pass 1 is ScoreRow without its stores (the max only); this pass recomputes
-// each score from x (in L1: just read) as one FMA, x * scale - max, and
+// each score from x (in L1: just read) as (x * scale) - max, and
 // stores the exp into s (fewer loads and stores per element: the scratch
 // traffic, not the exp, set the pace). Masked scores and the -inf padding are
 // as in ScoreRow.
@@ -308,10 +308,12 @@ HWY_INLINE float ExpScores(const TX* HWY_RESTRICT x, const uint8_t* HWY_RESTRICT
   const auto vscale = hn::Set(df, scale), vnegmx = hn::Set(df, -mx);
   const auto vmasked = hn::Set(df, masked - mx);  // masked - max, as ScoreRow's s - max
   auto sum0 = hn::Zero(df), sum1 = hn::Zero(df);
-  // x * scale - max in one rounding is (x * scale) - max within an ulp of
-  // the difference; it is <= 0 up to that ulp, where the exp is ~1.
+  // The score rounded first, then minus the max (pass 1's max of the same
+  // rounded scores): <= 0 exactly, 0 at the max, as ScoreRow's path and TE.
+  // One FMA (x * scale - max unrounded) can exceed 0 by half an ulp of the
+  // max, which overflows the exp once scores pass ~1.5e9 (NaN rows).
   const auto w = [&](size_t at) HWY_ATTR {
-    return MaskSelect<kHasMask>(m, at, vmasked, hn::MulAdd(LoadF(df, x + at), vscale, vnegmx));
+    return MaskSelect<kHasMask>(m, at, vmasked, hn::Add(hn::Mul(LoadF(df, x + at), vscale), vnegmx));
   };
   size_t j = 0;
   for (; j + 2 * nf <= kept; j += 2 * nf) {
@@ -575,8 +577,8 @@ HWY_INLINE void PairRow(const SmFwdArgs& a, int64_t r, int64_t r1, const uint8_t
     if (j < next_len) __builtin_prefetch(next + j, 0, 2);
     VF ev, od;
     load(j, ev, od);
-    ev = hn::MulAdd(ev, vscale, vnegmx);
-    od = hn::MulAdd(od, vscale, vnegmx);
+    ev = hn::Add(hn::Mul(ev, vscale), vnegmx);  // rounded score minus max: <= 0 (ExpScores)
+    od = hn::Add(hn::Mul(od, vscale), vnegmx);
     mask(j, vmaskedmx, ev, od);
     ev = ExpNonPositive<3, true>(df, ev);
     od = ExpNonPositive<3, true>(df, od);
