@@ -249,12 +249,22 @@ const void* PackAttrs(const OpSchema& op, nb::handle values, void* buffer) {
         break;
       }
       case AttrType::kU64: {
-        const unsigned long long x = PyLong_AsUnsignedLongLongMask(v);
-        if (PyErr_Occurred()) {
+        // [0, 2^64): a negative or wider value would wrap modulo 2^64 and
+        // silently alias another seed / offset.
+        // __index__: Python and numpy integers.
+        nb::object index = PyFloat_Check(v) ? nb::object() : nb::steal(PyNumber_Index(v));
+        if (!index.is_valid()) {
           PyErr_Clear();
           throw nb::type_error(
               fmt::format("{}: attribute '{}' expects an integer, got {}", op.name, a.name, TypeNameOf(nb::handle(v)))
                   .c_str());
+        }
+        const unsigned long long x = PyLong_AsUnsignedLongLong(index.ptr());
+        if (x == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+          PyErr_Clear();
+          throw nb::value_error(fmt::format("{}: attribute '{}' = {} is out of the uint64 range [0, 2^64)", op.name,
+                                            a.name, nb::cast<std::string>(nb::str(nb::handle(v))))
+                                    .c_str());
         }
         const uint64_t x64 = uint64_t(x);
         std::memcpy(field, &x64, sizeof(x64));

@@ -613,6 +613,31 @@ def _split3(op, param, value):
     return int(value[0]), int(value[1]), int(value[2])
 
 
+def _qkv_out_shape(qkv, q_split, k_split, v_split, k):
+    """fused_qkv_rope_forward's q (k = 0), k (1) or v (2) shape, TE's: head dim d = k_split,
+    [s, b, h * split / d, d]. The splits are checked first (an allocation from a bad split
+    would fail in torch, or take gigabytes, before tefl's own validation could name it)."""
+    op = "fused_qkv_rope_forward"
+    splits = {"q_split": q_split, "k_split": k_split, "v_split": v_split}
+    for name, v in splits.items():
+        if not 1 <= v <= 2**31 - 1:
+            raise ValueError(f"{op}: attribute '{name}' must be in [1, 2147483647], got {v}")
+    shape = tuple(qkv.shape)
+    if len(shape) != 4:
+        raise ValueError(f"{op}: argument 'qkv' (input 0): expected rank 4 [s, b, h, q_split + k_split + v_split] "
+                         f"(bshd [b, s, ...]), got shape {list(shape)}")
+    if shape[3] != q_split + k_split + v_split:
+        raise ValueError(f"{op}: argument 'qkv' (input 0): expected last dim q_split + k_split + v_split = "
+                         f"{q_split + k_split + v_split}, got shape {list(shape)}")
+    d = k_split
+    for name, v in splits.items():
+        if v % d:
+            raise ValueError(f"{op}: attribute '{name}' = {v} must be a multiple of the head dim d = k_split = {d} "
+                             f"(pass q, k, v with out= for another head dim)")
+    split = (q_split, k_split, v_split)[k]
+    return (shape[0], shape[1], shape[2] * (split // d), d)
+
+
 def _prod(xs) -> int:
     return math.prod(xs)
 
@@ -673,6 +698,7 @@ _HELPERS = {
     "_split3": _split3,
     "_attr_none": _attr_none,
     "_prod": _prod,
+    "_qkv_out_shape": _qkv_out_shape,
     "_gemm_float": _gemm_float,
     "_dropout_rng": _dropout_rng,
 }

@@ -152,16 +152,17 @@ def generic_rule(schema, k: int) -> Rule:
 
 # ---- family rules -------------------------------------------------------------
 # fused_qkv_rope_forward: qkv [s, b, h, q+k+v] (bshd [b, s, ...]) -> q, k, v
-# [s, b, h * split / d, d] with d the head dim = the last dim of q_freqs (the
-# rotary dim covers the whole head, as in TransformerEngine's fused qkv RoPE).
+# [s, b, h * split / d, d] with d the head dim = k_split, as TransformerEngine
+# allocates them (qkv_split_arg_list[1]; TE has d = k_split = v_split). The
+# rotary dim (the last dim of q_freqs) may be smaller: the rest of each head
+# is copied. The splits are checked before anything is allocated
+# (_qkv_out_shape in _ops.py).
 def _qkv_rope_forward(schema, k: int) -> Rule:
     names = [a["name"] for a in schema["inputs"]]
     attrs = [a["name"] for a in schema["attrs"]]
     qkv = f"_i{names.index('qkv')}"
-    freqs = f"_i{names.index('q_freqs')}"
-    split = f"_a{attrs.index(('q_split', 'k_split', 'v_split')[k])}"
-    d = f"{freqs}.shape[-1]"
-    return f"({qkv}.shape[0], {qkv}.shape[1], {qkv}.shape[2] * {split} // {d}, {d})", f"{qkv}.dtype", qkv
+    qs, ks, vs = (f"_a{attrs.index(n)}" for n in ("q_split", "k_split", "v_split"))
+    return f"_qkv_out_shape({qkv}, {qs}, {ks}, {vs}, {k})", f"{qkv}.dtype", qkv
 
 
 def _qkv_rope_backward(schema, k: int) -> Rule:

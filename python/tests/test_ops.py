@@ -216,6 +216,60 @@ def test_torch_subclasses_and_grad_tensors_go_through_dlpack(manager):
         manager.call("rmsnorm_fwd", view, w)
 
 
+def test_dropout_seed_and_offset_must_fit_uint64(manager):
+    if not manager.registry.get_implementations("dropout_fwd"):
+        pytest.skip("no dropout_fwd implementation in this build")
+    x = torch.ones(256)
+    # Wrapping modulo 2^64 would alias seeds: 2^64 gave seed 0's mask, -1 gave 2^64 - 1's.
+    for kw, bad in (({"seed": 2**64}, "seed"), ({"seed": -1}, "seed"), ({"seed": 2**200}, "seed"),
+                    ({"seed": 1, "offset": 2**64}, "offset"), ({"seed": 1, "offset": -3}, "offset")):
+        with pytest.raises(ValueError, match=rf"dropout_fwd: attribute '{bad}' = -?\d+ is out of the uint64 range"):
+            manager.call("dropout_fwd", x, 0.5, **kw)
+    with pytest.raises(TypeError, match=r"dropout_fwd: attribute 'seed' expects an integer, got float"):
+        manager.call("dropout_fwd", x, 0.5, seed=1.5)
+    # The whole range, and integers of other types (__index__), are accepted.
+    top = manager.call("dropout_fwd", x, 0.5, seed=2**64 - 1, offset=2**64 - 1)[1]
+    assert not torch.equal(top, manager.call("dropout_fwd", x, 0.5, seed=0, offset=0)[1])
+    m = manager.call("dropout_fwd", x, 0.5, seed=np.uint64(2**63 + 5), offset=np.int64(3))[1]
+    assert torch.equal(m, manager.call("dropout_fwd", x, 0.5, seed=2**63 + 5, offset=3)[1])
+
+
+def test_qkv_rope_forward_allocates_te_shapes(manager):
+    if not manager.registry.get_implementations("fused_qkv_rope_forward"):
+        pytest.skip("no fused_qkv_rope_forward implementation in this build")
+    # Head dim d = k_split = 8 (TE: qkv_split_arg_list[1]); a rotary dim of 4 rotates half of each head.
+    gen = torch.Generator().manual_seed(3)
+    qkv = torch.randn(6, 2, 3, 32, generator=gen)
+    f = torch.rand(6, 1, 1, 4, generator=gen) * 6.28
+    q, k, v = manager.call("fused_qkv_rope_forward", qkv, f, f, None, [16, 8, 8])
+    assert (q.shape, k.shape, v.shape) == ((6, 2, 6, 8), (6, 2, 3, 8), (6, 2, 3, 8))
+    outs = [torch.empty(6, 2, 6, 8), torch.empty(6, 2, 3, 8), torch.empty(6, 2, 3, 8)]
+    manager.call("fused_qkv_rope_forward", qkv, f, f, None, [16, 8, 8], out=tuple(outs))
+    for got, want in zip((q, k, v), outs):
+        assert torch.equal(got, want)
+    # q head j of group g is qkv[..., g, 8 j: 8 j + 8]: its first 4 rotated (non-interleaved halves), the rest copied.
+    x = qkv[:, :, :, :16].reshape(6, 2, 6, 8)
+    cos, sin = f.cos(), f.sin()
+    rot = torch.cat([-x[..., 2:4], x[..., 0:2]], dim=-1)
+    torch.testing.assert_close(q[..., :4], x[..., :4] * cos + rot * sin)
+    assert torch.equal(q[..., 4:], x[..., 4:])
+    assert torch.equal(v, qkv[:, :, :, 24:].reshape(6, 2, 3, 8))
+
+
+def test_qkv_rope_forward_bad_split_named_before_allocation(manager):
+    if not manager.registry.get_implementations("fused_qkv_rope_forward"):
+        pytest.skip("no fused_qkv_rope_forward implementation in this build")
+    qkv = torch.randn(6, 2, 3, 32)
+    f = torch.randn(6, 1, 1, 8)
+    cases = [([-8, 24, 16], r"attribute 'q_split' must be in \[1, 2147483647\], got -8"),
+             ([2**40, 8, 8], r"attribute 'q_split' must be in \[1, 2147483647\], got 1099511627776"),
+             ([8, 8, 8], r"argument 'qkv_input' \(input 0\): expected last dim q_split \+ k_split \+ v_split = 24"),
+             ([12, 8, 12], r"attribute 'q_split' = 12 must be a multiple of the head dim d = k_split = 8")]
+    for split, msg in cases:
+        with pytest.raises(ValueError, match=r"fused_qkv_rope_forward: " + msg):
+            manager.call("fused_qkv_rope_forward", qkv, f, f, None, split)
+
+
 def test_dropout_default_generator(manager):
     if "dropout_fwd" not in tefl.ops() or not manager.registry.get_implementations("dropout_fwd"):
         pytest.skip("no dropout_fwd implementation in this build")
