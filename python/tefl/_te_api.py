@@ -126,6 +126,23 @@ def _quantizer_dtype(q, op: str = "generic_gemm") -> str:
         return name
 
 
+# The row-major call's argument names (and positions) in the caller's terms:
+# its A is TE's B and its B TE's A (row-major D = op(B') op(A'), the column-
+# major statement transposed), and pre_gelu_out is gelu_in.
+# (A_scale_inv is also a Float8Tensor A's scale_inv.)
+_TE_GEMM_NAMES = {"A": "B", "B": "A", "a_scale_inv": "B_scale_inv", "b_scale_inv": "A_scale_inv",
+                  "pre_gelu_out": "gelu_in", "d_scale": "quantizer.scale", "d_amax": "quantizer.amax"}
+
+
+def _te_gemm_names(message: str) -> str:
+    import re
+
+    def rename(m):
+        return f"argument '{_TE_GEMM_NAMES.get(m.group(1), m.group(1))}'"
+
+    return re.sub(r"argument '([A-Za-z_]+)' \((?:input|output) \d+\)", rename, message)
+
+
 def generic_gemm(A, transA, B, transB, D=None, quantizer=None, output_dtype=None, bias=None, bias_type=None,
                  gelu=False, gelu_in=None, grad=False, workspace=None, workspace_size=0, accumulate=False,
                  use_split_accumulator=False, *args, A_scale_inv=None, B_scale_inv=None, alpha=1.0, _call=None):
@@ -164,7 +181,11 @@ def generic_gemm(A, transA, B, transB, D=None, quantizer=None, output_dtype=None
         out_name = _quantizer_dtype(quantizer)
         d_scale, d_amax = quantizer.scale, quantizer.amax
     elif output_dtype is not None:
-        out_name = dtype_name(output_dtype)
+        try:
+            out_name = dtype_name(output_dtype)
+        except (ValueError, TypeError, KeyError):
+            raise ValueError(f"generic_gemm: argument 'output_dtype' expects a tefl.DType, a torch/numpy dtype or a "
+                             f"dtype name, got {output_dtype!r}") from None
     if D is None:
         default = dtype_name(a.dtype)
         if default.startswith("float8"):
@@ -181,10 +202,13 @@ def generic_gemm(A, transA, B, transB, D=None, quantizer=None, output_dtype=None
     bias_grad = None
     if grad and bias is not None:  # DGELU: column sums of out [n]; else TE's wgrad dy.sum(0) [m]
         bias_grad = _empty(a, (n,) if gelu else (m,), dtype_name(bias.dtype))
-    _call(a, b, bias=None if grad else bias, a_scale_inv=a_si, b_scale_inv=b_si, d_scale=d_scale, transa=ta,
-          transb=tb, alpha=float(alpha), beta=1.0 if accumulate else 0.0, accumulate=bool(accumulate),
-          gelu=bool(gelu), grad=bool(grad), use_split_accumulator=bool(use_split_accumulator),
-          out=(D, pre, bias_grad, d_amax))
+    try:
+        _call(a, b, bias=None if grad else bias, a_scale_inv=a_si, b_scale_inv=b_si, d_scale=d_scale, transa=ta,
+              transb=tb, alpha=float(alpha), beta=1.0 if accumulate else 0.0, accumulate=bool(accumulate),
+              gelu=bool(gelu), grad=bool(grad), use_split_accumulator=bool(use_split_accumulator),
+              out=(D, pre, bias_grad, d_amax))
+    except (ValueError, TypeError) as e:
+        raise type(e)(_te_gemm_names(str(e))) from None
     out = D
     if quantizer is not None:
         torch = sys.modules.get("torch")

@@ -142,6 +142,19 @@ def test_fp8_operands_and_fp8_output():
     assert isinstance(f8, tefl.Float8Tensor) and f8._data.dtype == torch.float8_e4m3fn
     close(q.amax, ref.abs().max().reshape(1), 1e-4)
     close(f8.dequantize(), ref, 0.07)  # E4M3 keeps 3 mantissa bits: relative error <= 2^-4
+    # A scalar (0-d) scale: quantize returns a 0-d scale_inv, which generic_gemm takes as is (and a 0-d d_amax).
+    qx0, _, sx0 = tefl.quantize(x, torch.tensor(64.0))
+    qw0, _, sw0 = tefl.quantize(w, torch.tensor(64.0))
+    assert sx0.shape == () and torch.equal(qx0, qx)
+    out0, *_ = tefl.generic_gemm(tefl.Float8Tensor(qw0, sw0), True, tefl.Float8Tensor(qx0, sx0), False,
+                                 output_dtype=tefl.DType.kFloat32)
+    assert torch.equal(out0, out)
+    q0 = tefl.Float8Quantizer(scale=torch.tensor(2.0), amax=torch.zeros(()))
+    f80, *_ = tefl.generic_gemm(tefl.Float8Tensor(qw0, sw0), True, tefl.Float8Tensor(qx0, sx0), False, quantizer=q0)
+    assert torch.equal(f80._data.view(torch.uint8), f8._data.view(torch.uint8)) and q0.amax.item() == q.amax.item()
+    with pytest.raises(ValueError, match=r"argument 'A_scale_inv': expected shape \[1\] or \[\] \(one fp32 scale\), "
+                                         r"got \[1, 1\]"):
+        tefl.generic_gemm(tefl.Float8Tensor(qw, sw.reshape(1, 1)), True, tefl.Float8Tensor(qx, sx), False)
 
 
 def test_quantize_matches_torch_cast_and_round_trips():
@@ -203,6 +216,18 @@ def test_flash_attention_forward_and_backward_vs_torch(causal):
     (lambda W, x: tefl.generic_gemm(W, True, x[None], False), ValueError,
      r"argument 'B' must be a 2-D tensor, got shape \[1, 5, 16\]"),
     (lambda W, x: tefl.generic_gemm(W.tolist(), True, x, False), TypeError, "argument 'A' must be a 2-D tensor"),
+    # Errors raised by the row-major call itself are renamed: its a_scale_inv is TE's B_scale_inv, its
+    # pre_gelu_out TE's gelu_in.
+    (lambda W, x: tefl.generic_gemm(tefl.Float8Tensor(W.to(torch.float8_e4m3fn), torch.ones(2)), True,
+                                    tefl.Float8Tensor(x.to(torch.float8_e4m3fn), torch.ones(1)), False), ValueError,
+     r"argument 'A_scale_inv': expected shape \[1\] or \[\]"),
+    (lambda W, x: tefl.generic_gemm(tefl.Float8Tensor(W.to(torch.float8_e4m3fn), torch.ones(1)), True,
+                                    tefl.Float8Tensor(x.to(torch.float8_e4m3fn), torch.ones(3)), False), ValueError,
+     r"argument 'B_scale_inv': expected shape \[1\] or \[\]"),
+    (lambda W, x: tefl.generic_gemm(W, True, x, False, None, None, None, None, None, True, torch.empty(12, 5)),
+     ValueError, r"argument 'gelu_in': expected shape \[5, 12\]"),
+    (lambda W, x: tefl.generic_gemm(W, True, x, False, output_dtype=99), ValueError,
+     r"argument 'output_dtype' expects a tefl.DType, a torch/numpy dtype or a dtype name, got 99"),
 ])
 def test_generic_gemm_operand_errors_use_te_names(call, exc, message):
     """The row-major call swaps TE's A and B; errors still name the caller's."""

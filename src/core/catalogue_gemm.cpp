@@ -85,6 +85,14 @@ tefl_status* CheckShape1(const OpSchema& op, const CallArgs& args, int i, int64_
   return nullptr;
 }
 
+// One fp32 value: [1], or a scalar [] (as the quantization ops take and
+// return it: a 0-d scale_inv from quantize feeds generic_gemm as is).
+tefl_status* CheckOneValue(const OpSchema& op, const CallArgs& args, int i, const char* why) {
+  const DLTensor* t = TensorAt(args, i);
+  if (t->ndim == 0 || (t->ndim == 1 && t->shape[0] == 1)) return nullptr;
+  return ArgError(op, i, fmt::format("expected shape [1] or [] ({}), got {}", why, ShapeString(t)));
+}
+
 tefl_status* CheckGemm(const OpSchema& op, const CallArgs& args) {
   const auto* at = static_cast<const tefl_gemm_attrs*>(args.attrs);
   const DLTensor* a = TensorAt(args, kA);
@@ -128,7 +136,7 @@ tefl_status* CheckGemm(const OpSchema& op, const CallArgs& args) {
       return ArgError(op, s.index,
                       fmt::format("expected NULL: {} is {}, not FP8", s.owner, Name(TensorAt(args, s.owner_index))));
     if (s.scale) {
-      if (tefl_status* e = CheckShape1(op, args, s.index, 1, "one fp32 scale")) return e;
+      if (tefl_status* e = CheckOneValue(op, args, s.index, "one fp32 scale")) return e;
     }
   }
   if (tefl_status* e = CheckShape2(op, args, kD, m, n, "[M, N] of op(A) op(B)")) return e;
@@ -166,7 +174,7 @@ tefl_status* CheckGemm(const OpSchema& op, const CallArgs& args) {
     }
   }
   if (TensorAt(args, kDAmax) != nullptr) {
-    if (tefl_status* e = CheckShape1(op, args, kDAmax, 1, "one fp32 amax")) return e;
+    if (tefl_status* e = CheckOneValue(op, args, kDAmax, "one fp32 amax")) return e;
   }
   return nullptr;
 }
