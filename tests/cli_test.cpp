@@ -241,7 +241,11 @@ TEST(Cli, ShapesAreParsedStrictly) {
     ExpectOneErrorLine(r, "malformed shape", 2);
     EXPECT_NE(r.err.find("expected non-negative decimal sizes separated by commas"), std::string::npos) << r.err;
   }
-  ExpectOneErrorLine(Tefl("explain gelu --shape 99999999999999999999,1"), "does not fit in 64 bits", 2);
+  ExpectOneErrorLine(Tefl("explain gelu --shape 99999999999999999999,1"),
+                     "size 99999999999999999999 is larger than the largest size, 2^63 - 1 = 9223372036854775807", 2);
+  ExpectOneErrorLine(Tefl("explain gelu --shape 18446744073709551615"), "is larger than the largest size", 2);
+  ExpectOneErrorLine(Tefl("explain gelu --shape 3,x"), "an empty size at character 3 (',' and 'x' both separate sizes)",
+                     2);
   // The forms that are meant: commas, x, brackets, spaces around separators.
   for (const char* good : {"8,16", "8x16", "'[8, 16]'", "' 8 , 16 '"}) {
     const Result r = Tefl(fmt::format("explain gelu --shape {}", good));

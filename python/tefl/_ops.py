@@ -256,9 +256,9 @@ class OpSignature:
         for k, n in enumerate(self.outs):
             given = out_param.get(n)
             if given is None and has_outs:
-                given = f"_pick(out, {k}, {nout})"
+                given = f"_pick(out, {k}, {nout}, {self.name!r})"
             elif given is not None and has_outs:  # e.g. ln_out= and out=(y, ...): one of them, or the same tensor
-                given = f"_pick_one({self.name!r}, {given!r}, {given}, _pick(out, {k}, {nout}), {k})"
+                given = f"_pick_one({self.name!r}, {given!r}, {given}, _pick(out, {k}, {nout}, {self.name!r}), {k})"
             rule = output_rule(s, k)
             optional = s["outputs"][k]["optional"]
             cond = None
@@ -519,13 +519,15 @@ def te_dtype_of(t) -> Optional[DType]:
         return v
 
 
-def _pick(out, k, n):
+def _pick(out, k, n, op):
     if out is None:
         return None
     if n == 1 and not isinstance(out, (tuple, list)):
         return out
     if not isinstance(out, (tuple, list)) or len(out) != n:
-        raise ValueError(f"out= expects a tuple of {n} tensors (or None entries)")
+        got = f"{len(out)} entries" if isinstance(out, (tuple, list)) else type(out).__name__
+        raise ValueError(f"{op}: out= expects a tuple of {n} tensors (or None entries) in the order "
+                         f"({', '.join(a['name'] for a in BY_NAME[op]['outputs'])}), got {got}")
     return out[k]
 
 

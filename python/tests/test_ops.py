@@ -270,6 +270,15 @@ def test_qkv_rope_forward_bad_split_named_before_allocation(manager):
             manager.call("fused_qkv_rope_forward", qkv, f, f, None, split)
 
 
+def test_out_tuple_of_the_wrong_length_names_the_op_and_order(manager):
+    x = torch.randn(3, 6)
+    with pytest.raises(ValueError, match=r"^dbias_dgelu: out= expects a tuple of 2 tensors \(or None entries\) in "
+                                         r"the order \(dinput, dbias\), got 1 entries$"):
+        manager.call("dbias_dgelu", x, x, out=(torch.empty(3, 6),))
+    with pytest.raises(ValueError, match=r"^rmsnorm_fwd: out= expects a tuple of 2 tensors .* got Tensor$"):
+        manager.call("rmsnorm_fwd", x, torch.ones(6), out=torch.empty(3, 6))
+
+
 def test_dropout_default_generator(manager):
     if "dropout_fwd" not in tefl.ops() or not manager.registry.get_implementations("dropout_fwd"):
         pytest.skip("no dropout_fwd implementation in this build")

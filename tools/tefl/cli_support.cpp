@@ -8,6 +8,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <string_view>
 
 #include "core/logging.h"
@@ -61,13 +62,17 @@ std::vector<int64_t> ParseShape(const std::string& text) {
     std::string_view field = body.substr(pos, end - pos);
     while (!field.empty() && field.front() == ' ') field.remove_prefix(1);
     while (!field.empty() && field.back() == ' ') field.remove_suffix(1);
-    if (field.empty()) fail(body.find_first_not_of(' ') == std::string_view::npos ? "no sizes" : "an empty size");
+    if (field.empty())
+      fail(body.find_first_not_of(' ') == std::string_view::npos
+               ? "no sizes"
+               : fmt::format("an empty size at character {} (',' and 'x' both separate sizes)", pos + 1));
     if (!std::all_of(field.begin(), field.end(), [](char c) { return c >= '0' && c <= '9'; }))
       fail(fmt::format("'{}' is not a non-negative decimal integer", field));
     int64_t v = 0;
     const auto [ptr, ec] = std::from_chars(field.data(), field.data() + field.size(), v);
     if (ec != std::errc() || ptr != field.data() + field.size())
-      fail(fmt::format("size {} does not fit in 64 bits", field));
+      fail(fmt::format("size {} is larger than the largest size, 2^63 - 1 = {}", field,
+                       std::numeric_limits<int64_t>::max()));
     shape.push_back(v);
     if (!overflow && __builtin_mul_overflow(elements, v, &elements)) overflow = true;
     if (end == body.size()) break;
