@@ -107,8 +107,8 @@ HWY_INLINE void MaskGroupScalar(const DropArgs& a, uint64_t g, uint8_t* out, int
 struct PhiloxConsts {
   hn::Vec<hn::ScalableTag<uint64_t>> k0[10], k1[10], m0, m1, c2, c3;
   hn::Vec<hn::ScalableTag<uint32_t>> thr, half, one;
-  // Packed16Keep below: threshold16 ^ 0x8000 in every u16 lane, when
-  // threshold16 < 2^16 (`packed16`).
+  // MaskGroupsVector's AVX2 branch: threshold16 ^ 0x8000 in every u16 lane,
+  // usable when threshold16 < 2^16 (`packed16`).
   hn::Vec<hn::ScalableTag<uint16_t>> thr16;
   bool packed16;
 };

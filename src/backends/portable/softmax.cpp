@@ -634,8 +634,9 @@ void SoftmaxFwdRows(const SmFwdArgs& a, int64_t r0, int64_t r1, float* s) {
     // No kept column (causal above the diagonal, or every score masked): 0.
     const bool none = kept == 0 || (m != nullptr && std::memchr(m, 0, kept) == nullptr);
     float inv = 0.0f;
-    size_t live = 0;                                           // columns whose s is valid
-    if (!none && deg3 && kPairRows && a.tx == DType::kBF16) {  // bf16 in and out on AVX2 and SSE4
+    size_t live = 0;  // columns whose s is valid
+    // bf16 in and out on AVX2 and SSE4: all three passes in PairRow.
+    if (!none && deg3 && kPairRows && a.tx == DType::kBF16) {
       if (a.stream) {
         m ? PairRow<true, true>(a, r, r1, m, kept, s) : PairRow<false, true>(a, r, r1, nullptr, kept, s);
       } else {
