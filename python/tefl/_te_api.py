@@ -208,7 +208,10 @@ def generic_gemm(A, transA, B, transB, D=None, quantizer=None, output_dtype=None
               gelu=bool(gelu), grad=bool(grad), use_split_accumulator=bool(use_split_accumulator),
               out=(D, pre, bias_grad, d_amax))
     except (ValueError, TypeError) as e:
-        raise type(e)(_te_gemm_names(str(e))) from None
+        renamed = _te_gemm_names(str(e))
+        if type(e) not in (ValueError, TypeError) or renamed == str(e):
+            raise
+        raise type(e)(renamed) from None
     out = D
     if quantizer is not None:
         torch = sys.modules.get("torch")
