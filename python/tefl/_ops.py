@@ -567,6 +567,20 @@ def _alloc_error(op, inputs, error):
             raise TypeError(f"{op}: argument '{arg['name']}' (input {j}): expected a tensor (torch.Tensor, "
                             f"numpy.ndarray or another array with __dlpack__, shape and dtype), got "
                             f"{type(value).__name__}") from None
+    # A fixed-rank doc ("[len, n]", two or more dims, no "...", one form) that the input's rank does not
+    # match is the likely cause: name it as the op's validation would.
+    from ._shapes import _bracket
+
+    for j, (arg, value) in enumerate(zip(schema["inputs"], inputs)):
+        doc = arg["shape"]
+        dims = _bracket(doc)
+        if value is None or dims is None or len(dims) < 2 or any("..." in d for d in dims):
+            continue
+        if " or " in doc or "|" in doc:
+            continue
+        if len(value.shape) != len(dims):
+            raise ValueError(f"{op}: argument '{arg['name']}' (input {j}): expected rank {len(dims)} "
+                             f"[{', '.join(dims)}], got shape {list(value.shape)}") from None
     raise ValueError(f"{op}: cannot allocate the outputs ({error}); check the inputs against the schema: "
                      + "; ".join(f"'{a['name']}' {a['shape']}" for a in schema["inputs"])) from error
 

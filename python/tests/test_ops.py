@@ -279,6 +279,13 @@ def test_out_tuple_of_the_wrong_length_names_the_op_and_order(manager):
         manager.call("rmsnorm_fwd", x, torch.ones(6), out=torch.empty(3, 6))
 
 
+def test_wrong_rank_named_when_outputs_cannot_be_allocated(manager):
+    # The outputs' shapes come from amax_history [len, n]: a 1-D history is named, not an IndexError.
+    with pytest.raises(ValueError, match=r"^fused_amax_and_scale_update_after_reduction: argument 'amax_history' "
+                                         r"\(input 0\): expected rank 2 \[len, n\], got shape \[3\]$"):
+        manager.call("fused_amax_and_scale_update_after_reduction", torch.ones(3), torch.ones(3))
+
+
 def test_dropout_default_generator(manager):
     if "dropout_fwd" not in tefl.ops() or not manager.registry.get_implementations("dropout_fwd"):
         pytest.skip("no dropout_fwd implementation in this build")
