@@ -668,6 +668,27 @@ TEST(ActivationSpecial, DenseSweepBf16) {
 // dgelu's degree-4 exp alone may round every output the same), while dbias_
 // with an fp32 dbias computes the fp32 path's values as the table holds
 // them: the same bits.
+// The TEFL_PORTABLE_* switches: 0/off/false/no turn a path off (any case),
+// 1/on/true/yes leave it on, anything else leaves it on with a WARNING that
+// names the variable and the value (a value that only looked like "off" used
+// to leave the path on silently: only a leading '0' was read).
+TEST(ActivationSpecial, PortableSwitchValues) {
+  using tefl::backends::PortablePath;
+  using tefl::backends::PortablePathOn;
+  const char* name = "TEFL_PORTABLE_BF16_FAST_ACT";
+  for (const char* off : {"0", "off", "OFF", "false", "No"}) {
+    EXPECT_FALSE(WithPortableSwitch(name, off, [] { return PortablePathOn(PortablePath::kBf16FastAct); })) << off;
+  }
+  for (const char* on : {"1", "on", "TRUE", "yes", ""}) {
+    EXPECT_TRUE(WithPortableSwitch(name, on, [] { return PortablePathOn(PortablePath::kBf16FastAct); })) << on;
+  }
+  for (const char* bad : {"0x", "nope", "2"}) {
+    tefl::testing::LogCapture logs(TEFL_LOG_WARNING);
+    EXPECT_TRUE(WithPortableSwitch(name, bad, [] { return PortablePathOn(PortablePath::kBf16FastAct); })) << bad;
+    EXPECT_EQ(logs.Count(fmt::format("TEFL_PORTABLE_BF16_FAST_ACT='{}' is not one of", bad)), 1) << bad;
+  }
+}
+
 TEST(ActivationSpecial, Bf16TablesAreTheFp32Path) {
   const std::string target = tefl::backends::PortableTargetName();
   if (target != "AVX2" && target != "SSE4") GTEST_SKIP() << "no tables on target " << target;

@@ -105,13 +105,27 @@ static bool CpuHas(Needs needs) {
   }
 }
 
+namespace {
+// A switch's value: 0/off/false/no turn the path off, 1/on/true/yes (or
+// unset, or empty) leave it on; anything else is named in a warning and
+// leaves it on (a typo must not silently pass for either).
+bool SwitchValue(const char* name, const char* env) {
+  if (env == nullptr) return true;
+  std::string v = env;
+  for (char& ch : v) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+  if (v == "0" || v == "off" || v == "false" || v == "no") return false;
+  if (v.empty() || v == "1" || v == "on" || v == "true" || v == "yes") return true;
+  TEFL_LOG(WARNING, "{}='{}' is not one of 0/off/false/no or 1/on/true/yes; the path stays on", name, env);
+  return true;
+}
+}  // namespace
+
 bool PortablePathOn(PortablePath path) {
   std::atomic<int>& state = g_state[size_t(path)];
   int on = state.load(std::memory_order_relaxed);
   if (on < 0) {
     const PathInfo& info = kPaths[size_t(path)];
-    const char* env = std::getenv(info.env);
-    on = CpuHas(info.needs) && !(env != nullptr && env[0] == '0');
+    on = CpuHas(info.needs) && SwitchValue(info.env, std::getenv(info.env));
     state.store(on, std::memory_order_relaxed);
   }
   return on != 0;
