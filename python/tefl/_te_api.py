@@ -343,7 +343,18 @@ class FlashAttention:
 
     def __init__(self, softmax_scale, attention_type: str = "self", layer_number=None, deterministic: bool = False,
                  attention_dropout: float = 0.0, attention_dropout_ctx=None, **kwargs):
-        self.softmax_scale = float(softmax_scale) if softmax_scale is not None else 0.0
+        if softmax_scale is None:
+            self.softmax_scale = 0.0  # fused_attn_fwd's default, 1/sqrt(d)
+        else:
+            try:
+                self.softmax_scale = float(softmax_scale)
+            except (TypeError, ValueError):
+                raise TypeError(f"FlashAttention: softmax_scale expects a number (or None for 1/sqrt(d)), "
+                                f"got {softmax_scale!r}") from None
+            if not math.isfinite(self.softmax_scale) or self.softmax_scale == 0.0:
+                # fused_attn_fwd reads a scale of 0 as "the default": a requested 0 would silently become 1/sqrt(d).
+                raise ValueError(f"FlashAttention: softmax_scale must be finite and nonzero (None for 1/sqrt(d)), "
+                                 f"got {softmax_scale!r}")
         self.attention_type = attention_type
         self.layer_number = layer_number
         self.deterministic = deterministic

@@ -236,6 +236,16 @@ def test_generic_gemm_operand_errors_use_te_names(call, exc, message):
         call(W, x)
 
 
+def test_flash_attention_scale_zero_or_not_a_number_is_rejected():
+    # fused_attn_fwd's scale 0 means the default 1/sqrt(d): a requested 0 used to run with 1/sqrt(d) silently.
+    for bad in (0.0, 0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=r"FlashAttention: softmax_scale must be finite and nonzero"):
+            tefl.FlashAttention(bad)
+    with pytest.raises(TypeError, match=r"FlashAttention: softmax_scale expects a number .* got 'x'"):
+        tefl.FlashAttention("x")
+    assert tefl.FlashAttention(None).softmax_scale == 0.0  # the default
+
+
 def test_attention_parameter_errors_name_the_function_and_field():
     with pytest.raises(TypeError, match="attention_backend: attention_params must be TE's AttentionParams"):
         tefl.get_attention_backend(42)
