@@ -251,13 +251,18 @@ def _format_of(qkv_layout, where: str) -> int:
         head = qkv_layout.lower()
         if head.startswith("nvte_"):
             head = head[5:]
-        if head.startswith("sb"):
-            return 0
-        if head.startswith("bs"):
-            return 1
-        if head.startswith("t"):
-            return 2
-        raise ValueError(f"{where}: unknown qkv layout {qkv_layout!r} (expected sbhd..., bshd... or thd... layouts)")
+        fmts = []
+        for part in head.split("_"):
+            fmt = 0 if part.startswith("sb") else 1 if part.startswith("bs") else 2 if part.startswith("t") else None
+            if fmt is None:
+                raise ValueError(f"{where}: unknown qkv layout {qkv_layout!r} (expected sbhd..., bshd... or thd... "
+                                 f"layouts)")
+            fmts.append(fmt)
+        if len(set(fmts)) > 1:
+            # One qkv_format per call: k and v would be read in q's format (wrong, silently, when shapes agree).
+            raise ValueError(f"{where}: mixed qkv layout {qkv_layout!r} is not supported: q, k and v must share one "
+                             f"format (sbhd, bshd or thd)")
+        return fmts[0]
     return int(getattr(qkv_layout, "value", qkv_layout))
 
 

@@ -246,6 +246,18 @@ def test_flash_attention_scale_zero_or_not_a_number_is_rejected():
     assert tefl.FlashAttention(None).softmax_scale == 0.0  # the default
 
 
+def test_mixed_qkv_layouts_are_rejected():
+    # k and v were read in q's format: with b == s the shapes passed and the result was wrong.
+    q = torch.randn(4, 4, 2, 8)
+    with pytest.raises(ValueError, match=r"FlashAttention: qkv_layout: mixed qkv layout 'sbhd_bshd_bshd' is not "
+                                         r"supported"):
+        tefl.FlashAttention(0.35)(q, q, q, qkv_layout="sbhd_bshd_bshd", attn_mask_type="no_mask")
+    with pytest.raises(ValueError, match=r"mixed qkv layout 'bshd_sb2hd'"):
+        tefl.attention_backend({"qkv_layout": "bshd_sb2hd"})
+    for same in ("sbhd_sbhd_sbhd", "bshd_bs2hd", "thd_t2hd", "sbh3d"):  # one format each
+        tefl.attention_backend({"qkv_layout": same})
+
+
 def test_attention_parameter_errors_name_the_function_and_field():
     with pytest.raises(TypeError, match="attention_backend: attention_params must be TE's AttentionParams"):
         tefl.get_attention_backend(42)
