@@ -217,6 +217,8 @@ TEST_F(PluginTest, UnsafeFilesAndPathsAreRefused) {
   ::chmod(open_dir.dir.c_str(), 0700);
   ExpectRejected("relative/libtefl_plugin_testgood.so", "refused: a relative path");
   ExpectRejected("/nonexistent/libtefl_plugin_x.so", "no such file");
+  ExpectRejected(tmp.dir.string(), "a directory, not a plugin library (a .so file)");
+  ExpectRejected("/dev/null", "not a regular file");
   ExpectRejected("nosuchplugin", "not found in the plugin directories");
 }
 

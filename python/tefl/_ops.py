@@ -23,7 +23,7 @@ import numpy as np
 
 from . import _core
 from ._shapes import output_rule
-from ._types import NAME_TO_DTYPE, DType, dtype_name
+from ._types import DTYPE_NAMES, NAME_TO_DTYPE, DType, dtype_name
 
 # ---- schemas ---------------------------------------------------------------------
 
@@ -276,9 +276,9 @@ class OpSignature:
                 shape, dtype, ref = rule
                 like = shape == f"{ref}.shape" and dtype == f"{ref}.dtype"
                 if n in otype and like:
-                    alloc = f"(_like({ref}) if {otype[n]} is None else _empty({ref}, {shape}, _otype({otype[n]}, {dtype})))"
+                    alloc = f"(_like({ref}) if {otype[n]} is None else _empty({ref}, {shape}, _otype({otype[n]}, {dtype}, {self.name!r}, {otype[n]!r})))"
                 elif n in otype:
-                    alloc = f"_empty({ref}, {shape}, _otype({otype[n]}, {dtype}))"
+                    alloc = f"_empty({ref}, {shape}, _otype({otype[n]}, {dtype}, {self.name!r}, {otype[n]!r}))"
                 elif like:
                     alloc = f"_like({ref})"  # torch.empty_like is 2x cheaper than torch.empty
                 else:
@@ -499,10 +499,17 @@ def _like(ref):
     return _empty(ref, ref.shape, ref.dtype)
 
 
-def _otype(otype, default):
+def _otype(otype, default, op=None, param="otype"):
     if otype is None:
         return default
-    return dtype_name(otype)
+    try:
+        name = dtype_name(otype)
+    except (ValueError, TypeError, KeyError):
+        name = None
+    if name not in DTYPE_NAMES.values():
+        raise ValueError(f"{op}: argument '{param}' expects a tefl.DType, a torch/numpy dtype or a dtype name "
+                         f"({', '.join(sorted(DTYPE_NAMES.values()))}), got {otype!r}") from None
+    return name
 
 
 _TE_DTYPE_CACHE: Dict[Any, Optional[DType]] = {}

@@ -286,6 +286,16 @@ def test_wrong_rank_named_when_outputs_cannot_be_allocated(manager):
         manager.call("fused_amax_and_scale_update_after_reduction", torch.ones(3), torch.ones(3))
 
 
+def test_bad_otype_names_the_op_and_argument(manager):
+    x, w = torch.randn(4, 32), torch.ones(32)
+    for bad in (99, "nope"):
+        with pytest.raises(ValueError, match=r"^rmsnorm_fwd: argument 'otype' expects a tefl.DType, a torch/numpy "
+                                             r"dtype or a dtype name \(.*\), got " + repr(bad) + "$"):
+            tefl.rmsnorm_fwd(x, w, 1e-5, otype=bad)
+    y = tefl.rmsnorm_fwd(x, w, 1e-5, otype=torch.bfloat16)[0]  # the valid forms still work
+    assert y.dtype == torch.bfloat16
+
+
 def test_dropout_default_generator(manager):
     if "dropout_fwd" not in tefl.ops() or not manager.registry.get_implementations("dropout_fwd"):
         pytest.skip("no dropout_fwd implementation in this build")

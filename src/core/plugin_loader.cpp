@@ -247,7 +247,10 @@ PluginReport LoadOne(std::string_view requested, OpRegistry& registry, const std
     path = std::string(requested);
     if (!IsFile(path)) {
       report.path = path;
-      report.error = "no such file";
+      struct stat st;
+      report.error = ::stat(path.c_str(), &st) != 0 ? "no such file"
+                     : S_ISDIR(st.st_mode)          ? "a directory, not a plugin library (a .so file)"
+                                                    : "not a regular file";
       return report;
     }
   } else {
