@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import math
+import re
 import sys
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
@@ -135,8 +136,6 @@ _TE_GEMM_NAMES = {"A": "B", "B": "A", "a_scale_inv": "B_scale_inv", "b_scale_inv
 
 
 def _te_gemm_names(message: str) -> str:
-    import re
-
     def rename(m):
         return f"argument '{_TE_GEMM_NAMES.get(m.group(1), m.group(1))}'"
 
