@@ -436,7 +436,9 @@ TEST(DropoutSpecial, Avx512PathMatchesHighwayPath) {
 // 16-counter step, the high word changes) through the AVX-512 path's test
 // hook: mask against the independent rule, output against x * scale.
 TEST(DropoutSpecial, Avx512PathNearGroupWrap) {
-  if (!tefl::backends::CpuHasAvx512Bmi2()) GTEST_SKIP() << "no AVX-512 path on this CPU";
+  // Off without AVX-512 + BMI2, and under TEFL_PORTABLE_DROPOUT_AVX512=0 (ctest's DropoutNoAvx512).
+  if (!tefl::backends::PortablePathOn(tefl::backends::PortablePath::kDropoutAvx512))
+    GTEST_SKIP() << "the AVX-512 path is off (no AVX-512 + BMI2, or TEFL_PORTABLE_DROPOUT_AVX512=0)";
   const int64_t n = 128 * 5 + 37;
   const size_t count = size_t(n);
   std::vector<float> x(count), y(count);
@@ -478,7 +480,7 @@ TEST(DropoutSpecial, Avx512StreamingStoresLargeOutputs) {
     EXPECT_TRUE(m0.SameBytes(m1)) << "mask";
     EXPECT_TRUE(y0.SameBytes(y1)) << "output";
     EXPECT_TRUE(y1.GuardsIntact() && m1.GuardsIntact());
-    if (!tefl::backends::CpuHasAvx512Bmi2()) continue;
+    if (!tefl::backends::PortablePathOn(tefl::backends::PortablePath::kDropoutAvx512)) continue;
     // y 32 bytes past a 64-byte boundary (fp32: streamed after a scalar head
     // of 8 elements), the mask 16 (not streamed).
     const size_t elem = t == DType::kF32 ? 4 : 2, bytes = size_t(n) * elem;

@@ -2,6 +2,12 @@
 
 #include <hwy/targets.h>
 
+#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #include <atomic>
 #include <cctype>
 #include <cstdlib>
@@ -13,7 +19,7 @@
 namespace tefl::backends {
 namespace {
 
-enum class Needs { kNothing, kAvx512Bf16, kAvx512Bmi2 };
+enum class Needs { kNothing, kAvx512Bf16, kAvx512Bmi2, kAmxBf16 };
 struct PathInfo {
   const char* env;
   Needs needs;
@@ -25,16 +31,22 @@ constexpr PathInfo kPaths[] = {
     {"TEFL_PORTABLE_ATTN_BF16DOT", Needs::kAvx512Bf16},    // kAttnBf16Dot
     {"TEFL_PORTABLE_DROPOUT_AVX512", Needs::kAvx512Bmi2},  // kDropoutAvx512
     {"TEFL_PORTABLE_BF16_ACT_TABLE", Needs::kNothing},     // kBf16ActTable
+    {"TEFL_PORTABLE_GEMM_AMX", Needs::kAmxBf16},           // kGemmAmx
 };
 static_assert(sizeof(kPaths) / sizeof(kPaths[0]) == size_t(PortablePath::kCount));
 
 // Per path: -1 not read yet, else 0/1.
-std::atomic<int> g_state[size_t(PortablePath::kCount)] = {-1, -1, -1, -1, -1};
+std::atomic<int> g_state[size_t(PortablePath::kCount)] = {-1, -1, -1, -1, -1, -1};
 
 }  // namespace
 
-CpuIsaCap ApplyMaxCpuIsa() {
-  static const CpuIsaCap cap = [] {
+namespace {
+struct IsaChoice {
+  CpuIsaCap cap;
+  const char* target;  // the Highway target dynamic dispatch picks
+};
+const IsaChoice& ChooseIsa() {
+  static const IsaChoice choice = [] {
     CpuIsaCap c = CpuIsaCap::kAvx512;
     const char* env = std::getenv("TEFL_MAX_CPU_ISA");
     std::string v = env ? env : "";
@@ -59,16 +71,23 @@ CpuIsaCap ApplyMaxCpuIsa() {
     if (c == CpuIsaCap::kBaseline) disabled = HWY_STATIC_TARGET - 1;
     if (disabled != 0) hwy::DisableTargets(disabled);
 #endif
-    return c;
+    // Highway 1.0.3's SupportedTargets() re-chooses the dispatch target from
+    // every target the CPU has, ignoring DisableTargets (later versions mask
+    // first): dispatch ran AVX-512 code under TEFL_MAX_CPU_ISA=avx2 once
+    // anything had asked for the target list. So it is asked once, here,
+    // before any kernel runs, and the capped set is chosen right after.
+    const int64_t supported = hwy::SupportedTargets();
+    hwy::GetChosenTarget().Update(supported);
+    const int64_t targets = supported & HWY_TARGETS;
+    return IsaChoice{c, hwy::TargetName(targets & -targets)};  // the best one: the lowest bit
   }();
-  return cap;
+  return choice;
 }
+}  // namespace
 
-const char* PortableTargetName() {
-  ApplyMaxCpuIsa();
-  const int64_t targets = hwy::SupportedTargets() & HWY_TARGETS;
-  return hwy::TargetName(targets & -targets);  // the best one: the lowest bit
-}
+CpuIsaCap ApplyMaxCpuIsa() { return ChooseIsa().cap; }
+
+const char* PortableTargetName() { return ChooseIsa().target; }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define TEFL_CPU_SUPPORTS(feature) __builtin_cpu_supports(feature)
@@ -94,12 +113,33 @@ bool CpuHasAvx512Bmi2() {
   return has;
 }
 
+bool CpuHasAmxBf16() {
+  static const bool has = [] {
+    if (!CpuHasAvx512Bf16()) return false;
+#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
+    const bool amx_bf16 = (edx >> 22) & 1u, amx_tile = (edx >> 24) & 1u;
+    if (!amx_bf16 || !amx_tile) return false;
+    // The tile data state (XFEATURE_XTILEDATA, 18) is off for a process until
+    // it asks; a kernel or hypervisor that does not offer it refuses.
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+    return false;
+#endif
+  }();
+  return has;
+}
+
 static bool CpuHas(Needs needs) {
   switch (needs) {
     case Needs::kAvx512Bf16:
       return CpuHasAvx512Bf16();
     case Needs::kAvx512Bmi2:
       return CpuHasAvx512Bmi2();
+    case Needs::kAmxBf16:
+      return CpuHasAmxBf16();
     default:
       return true;
   }

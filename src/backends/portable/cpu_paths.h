@@ -18,6 +18,8 @@ enum class PortablePath : int {
                    // BMI2)
   kBf16ActTable,   // TEFL_PORTABLE_BF16_ACT_TABLE: gelu/qgelu/silu, their derivatives and dbias_ forms on all-bf16
                    // data read 64 Ki-entry tables of the fp32 results (AVX2 and SSE4 targets)
+  kGemmAmx,        // TEFL_PORTABLE_GEMM_AMX: bf16 x bf16 GEMM tiles by AMX tdpbf16ps (AMX-TILE/BF16 and AVX512-BF16;
+                   // off: the vdpbf16ps tiles)
   kCount
 };
 
@@ -40,6 +42,11 @@ const char* PortableTargetName();
 bool CpuHasAvx512Bf16();
 // AVX512-F/BW/VL/DQ and BMI2 (x86-64 with GCC or clang; else false).
 bool CpuHasAvx512Bmi2();
+// CpuHasAvx512Bf16() and AMX-TILE + AMX-BF16 (CPUID), with the kernel's
+// permission to use the tile data state granted to this process
+// (arch_prctl(ARCH_REQ_XCOMP_PERM), Linux 5.16+; asked once, on the first
+// call). Without that permission a tile instruction raises SIGILL.
+bool CpuHasAmxBf16();
 bool PortablePathOn(PortablePath path);
 void ReloadPortableSwitches();
 
