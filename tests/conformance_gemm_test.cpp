@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "backends/portable/cpu_paths.h"
 #include "test_support.h"
 
 namespace {
@@ -1220,6 +1221,44 @@ TEST(GemmConcurrency, ParallelCallsMatchSerial) {
       EXPECT_EQ(ok[i], 3) << impl;
       EXPECT_TRUE(ps[i].out[kD]->SameBytes(*serial[i].out[kD])) << impl << " call " << i;
     }
+  }
+}
+
+// default.portable's AMX tiles (a CPU with AMX-BF16; elsewhere these shapes
+// check the vdpbf16ps or sgemm paths): 32-row blocks, 64-row tasks, 32-column
+// panels, K in steps of 32 (zero padded) and chunks of 256 (sums kept between
+// chunks), several ~1 MiB column groups (K = 2048: 256 columns each), every
+// transpose, bf16 D written from the tiles (plain, bias) and fp32 D with C
+// (beta) or through the GELU epilogue.
+TEST(GemmConformanceSpecial, AmxTilesAcrossBoundaries) {
+  std::printf("[  NOTE    ] AMX tiles %s\n",
+              tefl::backends::PortablePathOn(tefl::backends::PortablePath::kGemmAmx) ? "on" : "off (not this CPU)");
+  const Shape shapes[] = {{33, 33, 255}, {64, 32, 256}, {65, 97, 257}, {31, 129, 513}, {97, 40, 33}, {32, 64, 1}};
+  const int epilogues[] = {0, 1, 4, 2};  // plain, bias, c_alpha_beta, gelu_bias_pre
+  for (const Shape& sh : shapes)
+    for (int t = 0; t < 4; ++t)
+      for (int epi : epilogues)
+        for (DType td : {DType::kBF16, DType::kF32}) {
+          const bool ta = t & 1, tb = t & 2;
+          SCOPED_TRACE(fmt::format("{}x{}x{} transa={} transb={} {} D {}", sh.m, sh.n, sh.k, ta, tb,
+                                   kEpilogues[epi].name, Short(td)));
+          Problem p = MakeGemm({DType::kBF16, DType::kBF16, td}, kEpilogues[epi], sh.m, sh.n, sh.k, ta, tb,
+                               fmt::format("amx{}{}{}", sh.m, sh.n, sh.k));
+          CheckAll(p);
+          if (::testing::Test::HasFatalFailure()) return;
+        }
+  // Several column groups and row tasks, a partial last group: also the same
+  // bytes on a second call.
+  for (int t = 0; t < 4; t += 3) {
+    const bool ta = t & 1, tb = t & 2;
+    SCOPED_TRACE(fmt::format("136x600x2048 transa={} transb={}", ta, tb));
+    Problem p = MakeGemm({DType::kBF16, DType::kBF16, DType::kBF16}, kEpilogues[1], 136, 600, 2048, ta, tb, "amxbig");
+    CheckAll(p);
+    if (::testing::Test::HasFatalFailure()) return;
+    Problem first = p, again = p;
+    ASSERT_TRUE(first.Run("default.portable").ok());
+    ASSERT_TRUE(again.Run("default.portable").ok());
+    EXPECT_TRUE(again.out[kD]->SameBytes(*first.out[kD]));
   }
 }
 

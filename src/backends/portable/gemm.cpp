@@ -33,6 +33,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <mutex>
@@ -316,18 +317,27 @@ constexpr int64_t kGroupPanels = 4;  // column panels per task (B slice stays in
 constexpr int64_t kSuperRows = 64;   // rows per task (8 tiles)
 constexpr int64_t kBf16MinWork = 32 * 32 * 32;
 constexpr uintptr_t kAPrefetch = 16;  // K pairs ahead (512 bytes of packed A)
+// AMX (tdpbf16ps on 16 x 16 fp32 tiles): a block of D is kAmxRows x kNR, four
+// accumulator tiles; K runs in steps of kAmxPairs pairs (one A tile row is
+// 64 bytes).
+constexpr int kAmxRows = 32, kAmxPairs = 16;
+constexpr int64_t kAmxGroupBytes = int64_t(1) << 20;
 
 bool CpuHasBf16Dot() { return CpuHasAvx512Bf16(); }
 
 bool IsSubnormalBf16(uint16_t h) { return (h & 0x7F80u) == 0 && (h & 0x7Fu) != 0; }
 
 struct Bf16Job {
-  int64_t m, n, k, kp;  // kp = K pairs (K rounded up to even / 2)
+  int64_t m, n, k, kp;        // kp = K pairs (K rounded up to even / 2)
+  int64_t kpa;                // pairs per packed panel: kp, or with amx kp rounded up to kAmxPairs
+  bool amx = false;           // AMX tiles (packed A per kAmxRows block: see PackAAmxBody)
+  int mr = kMR;               // rows per A block: kMR, or kAmxRows with amx
+  int64_t gp = kGroupPanels;  // column panels per task
   bool transa, transb;
   const uint16_t* a;
   const uint16_t* b;
-  uint32_t* ap;  // [ceil(M / kMR)][kp][kMR] pairs
-  uint32_t* bp;  // [ceil(N / kNR)][kp][kNR] pairs
+  uint32_t* ap;  // [ceil(M / kMR)][kp][kMR] pairs (amx: [ceil(M / kAmxRows)][kpa / kAmxPairs][kAmxRows][kAmxPairs])
+  uint32_t* bp;  // [ceil(N / kNR)][kpa][kNR] pairs
   float alpha, beta;
   float* c;           // [M, N] fp32; beta != 0: holds Cterm
   uint16_t* out16;    // direct bf16 output [M, N] (then c is unused), or NULL
@@ -382,13 +392,15 @@ __attribute__((target("avx512f,avx512bw"))) inline __mmask32 Subnormal32(__m512i
   return _mm512_cmplt_epu16_mask(_mm512_sub_epi16(e, _mm512_set1_epi16(1)), _mm512_set1_epi16(0x7F));
 }
 
-// A full 8-row block of A (no transa), pairs [0, full_p): 8 rows x 8 pairs
-// at a time, an 8 x 8 transpose of 32-bit pairs (AVX2), 64 contiguous words
-// out; the loaded rows are checked for subnormals on the way. Returns the
-// first pair not packed.
-__attribute__((target("avx2,avx512f,avx512bw,avx512vl"))) int64_t PackABlock8(const uint16_t* a, int64_t k,
-                                                                              int64_t full_p, uint32_t* dst,
-                                                                              bool* hit) {
+// Eight rows of K-contiguous bf16 (row i at a + i * k), pairs [0, full_p):
+// 8 rows x 8 pairs at a time, an 8 x 8 transpose of 32-bit pairs (AVX2);
+// pair p of row i goes to dst[p * ld + i]. The loaded rows are checked for
+// subnormals on the way. Returns the first pair not packed. Packs a full
+// 8-row block of A (no transa, ld = kMR) and 8 columns of a B panel (transb,
+// ld = kNR).
+__attribute__((target("avx2,avx512f,avx512bw,avx512vl"))) int64_t PackRows8(const uint16_t* a, int64_t k,
+                                                                            int64_t full_p, uint32_t* dst, int64_t ld,
+                                                                            bool* hit) {
   __mmask16 any = 0;
   int64_t p = 0;
   for (; p + 8 <= full_p; p += 8) {
@@ -405,15 +417,16 @@ __attribute__((target("avx2,avx512f,avx512bw,avx512vl"))) int64_t PackABlock8(co
     const __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
     const __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
     const __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
-    auto* out = reinterpret_cast<__m256i*>(dst + p * kMR);
-    _mm256_storeu_si256(out + 0, _mm256_permute2x128_si256(u0, u4, 0x20));
-    _mm256_storeu_si256(out + 1, _mm256_permute2x128_si256(u1, u5, 0x20));
-    _mm256_storeu_si256(out + 2, _mm256_permute2x128_si256(u2, u6, 0x20));
-    _mm256_storeu_si256(out + 3, _mm256_permute2x128_si256(u3, u7, 0x20));
-    _mm256_storeu_si256(out + 4, _mm256_permute2x128_si256(u0, u4, 0x31));
-    _mm256_storeu_si256(out + 5, _mm256_permute2x128_si256(u1, u5, 0x31));
-    _mm256_storeu_si256(out + 6, _mm256_permute2x128_si256(u2, u6, 0x31));
-    _mm256_storeu_si256(out + 7, _mm256_permute2x128_si256(u3, u7, 0x31));
+    uint32_t* out = dst + p * ld;
+    const auto at = [&](int q) { return reinterpret_cast<__m256i*>(out + q * ld); };
+    _mm256_storeu_si256(at(0), _mm256_permute2x128_si256(u0, u4, 0x20));
+    _mm256_storeu_si256(at(1), _mm256_permute2x128_si256(u1, u5, 0x20));
+    _mm256_storeu_si256(at(2), _mm256_permute2x128_si256(u2, u6, 0x20));
+    _mm256_storeu_si256(at(3), _mm256_permute2x128_si256(u3, u7, 0x20));
+    _mm256_storeu_si256(at(4), _mm256_permute2x128_si256(u0, u4, 0x31));
+    _mm256_storeu_si256(at(5), _mm256_permute2x128_si256(u1, u5, 0x31));
+    _mm256_storeu_si256(at(6), _mm256_permute2x128_si256(u2, u6, 0x31));
+    _mm256_storeu_si256(at(7), _mm256_permute2x128_si256(u3, u7, 0x31));
   }
   if (any) *hit = true;
   return p;
@@ -445,7 +458,7 @@ void PackABody(void* ctx, int64_t begin, int64_t end) {
     if ((blk + 1) * kMR <= g.m) {  // a full block
       if (!g.transa) {
         const uint16_t* a0 = g.a + blk * kMR * g.k;
-        const int64_t pv = PackABlock8(a0, g.k, full_p, dst, &hit);
+        const int64_t pv = PackRows8(a0, g.k, full_p, dst, kMR, &hit);
         for (int r = 0; r < kMR; ++r) {
           const uint16_t* row = a0 + r * g.k;
           for (int64_t p = pv; p < full_p; ++p) std::memcpy(&dst[p * kMR + r], row + 2 * p, 4);
@@ -475,7 +488,7 @@ void PackBBody(void* ctx, int64_t begin, int64_t end) {
   const int64_t full_p = g.k / 2;
   bool hit = false;
   for (int64_t pan = begin; pan < end; ++pan) {
-    uint32_t* dst = g.bp + size_t(pan) * size_t(g.kp) * kNR;
+    uint32_t* dst = g.bp + size_t(pan) * size_t(g.kpa) * kNR;
     int64_t p0 = 0;
     bool checked = false;
     if ((pan + 1) * kNR <= g.n) {  // a full panel
@@ -487,22 +500,75 @@ void PackBBody(void* ctx, int64_t begin, int64_t end) {
         }
         hit |= any != 0;
         checked = g.kp == full_p;
-      } else {
-        for (int j = 0; j < kNR; ++j) {
-          const uint16_t* col = g.b + (pan * kNR + j) * g.k;
-          for (int64_t p = 0; p < full_p; ++p) std::memcpy(&dst[p * kNR + j], col + 2 * p, 4);
+      } else {  // B is [N, K]: column j of op(B) is row j, K contiguous
+        for (int j0 = 0; j0 < kNR; j0 += 8) {
+          const uint16_t* b0 = g.b + (pan * kNR + j0) * g.k;
+          const int64_t pv = PackRows8(b0, g.k, full_p, dst + j0, kNR, &hit);
+          for (int j = 0; j < 8; ++j) {
+            const uint16_t* col = b0 + j * g.k;
+            for (int64_t p = pv; p < full_p; ++p) std::memcpy(&dst[p * kNR + j0 + j], col + 2 * p, 4);
+            if (pv < full_p) hit |= AnySubnormalBf16(col + 2 * pv, 2 * (full_p - pv));
+          }
         }
+        checked = g.kp == full_p;
       }
       p0 = full_p;
     }
-    for (int64_t p = p0; p < g.kp; ++p)
+    // the odd-K pair and (amx) the zero pairs up to kpa
+    for (int64_t p = p0; p < g.kpa; ++p)
       for (int j = 0; j < kNR; ++j)
         dst[p * kNR + j] =
             uint32_t(ElemB(g, 2 * p, pan * kNR + j)) | (uint32_t(ElemB(g, 2 * p + 1, pan * kNR + j)) << 16);
-    if (!checked) hit |= AnySubnormalBf16(dst, g.kp * kNR * 2);
+    if (!checked) hit |= AnySubnormalBf16(dst, g.kpa * kNR * 2);
   }
   if (hit) g.hit.store(true, std::memory_order_relaxed);
 }
+
+// AMX packing of op(A): per block of kAmxRows rows and per K step of
+// kAmxPairs pairs, one [kAmxRows][kAmxPairs] array of pairs (row r holds
+// op(A)[r, 32 c .. 32 c + 31]: two 16 x 64-byte tiles, contiguous); rows past
+// M and K past its end are zeros (0 * 0 adds nothing to D).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+__attribute__((target("avx512f,avx512bw"))) void PackAAmxBody(void* ctx, int64_t begin, int64_t end) {
+  auto& g = *static_cast<Bf16Job*>(ctx);
+  const int64_t chunks = g.kpa / kAmxPairs;
+  constexpr int64_t kChunkWords = int64_t(kAmxRows) * kAmxPairs;
+  bool hit = false;
+  for (int64_t blk = begin; blk < end; ++blk) {
+    uint32_t* dst = g.ap + size_t(blk) * size_t(g.kpa) * kAmxRows;
+    const int64_t i0 = blk * kAmxRows;
+    const int rows = int(std::min<int64_t>(kAmxRows, g.m - i0));
+    if (!g.transa) {
+      __mmask32 any = 0;
+      for (int r = 0; r < kAmxRows; ++r) {
+        const uint16_t* row = g.a + (i0 + r) * g.k;
+        for (int64_t c = 0; c < chunks; ++c) {
+          __m512i v = _mm512_setzero_si512();
+          if (r < rows) {  // every step holds at least one element of K (kpa < kp + kAmxPairs)
+            const int64_t left = g.k - 2 * kAmxPairs * c;
+            const __mmask32 m = left >= 32 ? __mmask32(~0u) : __mmask32((1u << left) - 1);
+            v = _mm512_maskz_loadu_epi16(m, row + 2 * kAmxPairs * c);
+            any |= Subnormal32(v);
+          }
+          _mm512_storeu_si512(dst + c * kChunkWords + r * kAmxPairs, v);
+        }
+      }
+      hit |= any != 0;
+    } else {  // A is [K, M]: row i of op(A) is column i of A
+      auto* d16 = reinterpret_cast<uint16_t*>(dst);
+      std::memset(dst, 0, size_t(g.kpa) * kAmxRows * 4);
+      for (int64_t kk = 0; kk < g.k; ++kk) {
+        const uint16_t* src = g.a + kk * g.m + i0;
+        uint16_t* out = d16 + (kk / (2 * kAmxPairs)) * kChunkWords * 2 + kk % (2 * kAmxPairs);
+        for (int r = 0; r < rows; ++r) out[r * 2 * kAmxPairs] = src[r];
+      }
+      hit |= AnySubnormalBf16(dst, g.kpa * kAmxRows * 2);
+    }
+  }
+  if (hit) g.hit.store(true, std::memory_order_relaxed);
+}
+#pragma GCC diagnostic pop
 
 // C[rows, cols] (ld ldc) = alpha * (A tile . B panel) + beta * C.
 // GCC 12 reports its own _mm512_undefined_*() placeholders inside the
@@ -512,6 +578,46 @@ void PackBBody(void* ctx, int64_t begin, int64_t end) {
 // C[rows, cols] (ld ldc) = alpha * (A tile . B panel) + beta * C; with out16,
 // instead out16[rows, cols] (ld ldc) = bf16(alpha * (A tile . B panel) +
 // bias) and C is not touched.
+// The rows of a finished tile: acc is [rows][kNR] fp32 sums.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void StoreAccRows(const float* acc, int rows, int cols,
+                                                                                  float alpha, float beta, float* c,
+                                                                                  int64_t ldc, uint16_t* out16,
+                                                                                  const float* bias) {
+  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  const __mmask16 m0 = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
+  const __mmask16 m1 = cols >= 32 ? __mmask16(0xFFFF) : cols <= 16 ? __mmask16(0) : __mmask16((1u << (cols - 16)) - 1);
+  if (out16 != nullptr) {
+    const __m512 bias0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
+    const __m512 bias1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
+    const __mmask32 m32 = __mmask32(m0) | (__mmask32(m1) << 16);
+    for (int r = 0; r < rows; ++r) {
+      uint16_t* row = out16 + r * ldc;
+      __m512 v0 = _mm512_mul_ps(_mm512_load_ps(acc + r * kNR), va);
+      __m512 v1 = _mm512_mul_ps(_mm512_load_ps(acc + r * kNR + 16), va);
+      if (bias) {
+        v0 = _mm512_add_ps(v0, bias0);
+        v1 = _mm512_add_ps(v1, bias1);
+      }
+      // vcvtne2ps2bf16: round to nearest even, NaN quieted with its payload
+      // kept (as FloatToBF16); an fp32 subnormal (|v| < 2^-126, only from
+      // alpha or bias: the dot products already flush them) becomes 0.
+      _mm512_mask_storeu_epi16(row, m32, (__m512i)_mm512_cvtne2ps_pbh(v1, v0));
+    }
+    return;
+  }
+  for (int r = 0; r < rows; ++r) {
+    float* row = c + r * ldc;
+    __m512 v0 = _mm512_mul_ps(_mm512_load_ps(acc + r * kNR), va);
+    __m512 v1 = _mm512_mul_ps(_mm512_load_ps(acc + r * kNR + 16), va);
+    if (beta != 0.0f) {
+      v0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m0, row), vb, v0);
+      v1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m1, row + 16), vb, v1);
+    }
+    _mm512_mask_storeu_ps(row, m0, v0);
+    _mm512_mask_storeu_ps(row + 16, m1, v1);
+  }
+}
+
 // kRowA: ap is row-major A itself (no transa, even K, 4-byte aligned: the
 // K pair (2p, 2p + 1) of row r is the word ap[r * lda_w + p]); rows past
 // `rows` re-read the last valid row (never past A), their sums discarded.
@@ -557,42 +663,137 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void Bf16Tile(co
     TEFL_BF16_ROW(7)
 #undef TEFL_BF16_ROW
   }
-  const __m512 acc[kMR][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31},
-                              {c40, c41}, {c50, c51}, {c60, c61}, {c70, c71}};
-  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-  const __mmask16 m0 = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
-  const __mmask16 m1 = cols >= 32 ? __mmask16(0xFFFF) : cols <= 16 ? __mmask16(0) : __mmask16((1u << (cols - 16)) - 1);
-  if (out16 != nullptr) {
-    const __m512 bias0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
-    const __m512 bias1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
-    const __mmask32 m32 = __mmask32(m0) | (__mmask32(m1) << 16);
-    for (int r = 0; r < rows; ++r) {
-      uint16_t* row = out16 + r * ldc;
-      __m512 v0 = _mm512_mul_ps(acc[r][0], va), v1 = _mm512_mul_ps(acc[r][1], va);
-      if (bias) {
-        v0 = _mm512_add_ps(v0, bias0);
-        v1 = _mm512_add_ps(v1, bias1);
-      }
-      // vcvtne2ps2bf16: round to nearest even, NaN quieted with its payload
-      // kept (as FloatToBF16); an fp32 subnormal (|v| < 2^-126, only from
-      // alpha or bias: vdpbf16ps already flushes them) becomes 0.
-      _mm512_mask_storeu_epi16(row, m32, (__m512i)_mm512_cvtne2ps_pbh(v1, v0));
-    }
-    return;
-  }
-  for (int r = 0; r < rows; ++r) {
-    float* row = c + r * ldc;
-    __m512 v0 = _mm512_mul_ps(acc[r][0], va), v1 = _mm512_mul_ps(acc[r][1], va);
-    if (beta != 0.0f) {
-      v0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m0, row), vb, v0);
-      v1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m1, row + 16), vb, v1);
-    }
-    _mm512_mask_storeu_ps(row, m0, v0);
-    _mm512_mask_storeu_ps(row + 16, m1, v1);
-  }
+  alignas(64) float acc[kMR * kNR];
+#define TEFL_BF16_SAVE(r)                  \
+  _mm512_store_ps(acc + r * kNR, c##r##0); \
+  _mm512_store_ps(acc + r * kNR + 16, c##r##1);
+  TEFL_BF16_SAVE(0)
+  TEFL_BF16_SAVE(1)
+  TEFL_BF16_SAVE(2)
+  TEFL_BF16_SAVE(3)
+  TEFL_BF16_SAVE(4)
+  TEFL_BF16_SAVE(5)
+  TEFL_BF16_SAVE(6)
+  TEFL_BF16_SAVE(7)
+#undef TEFL_BF16_SAVE
+  StoreAccRows(acc, rows, cols, alpha, beta, c, ldc, out16, bias);
 }
 
 #pragma GCC diagnostic pop
+
+// ---- AMX tiles (tdpbf16ps) ---------------------------------------------------------
+// Eight 16 x 64-byte tiles: 0-3 accumulate a kAmxRows x kNR block of D in
+// fp32, 4-5 hold two 16-row A tiles, 6-7 two 16-column B tiles of the packed
+// B panel (its rows of kNR pairs are exactly the B tile layout tdpbf16ps
+// reads: one K pair per 4-byte element). tdpbf16ps, like vdpbf16ps, reads
+// subnormal bf16 inputs as zero and flushes subnormal results, so the same
+// subnormal checks guard it. Each thread loads the tile configuration before
+// its tasks and releases the tiles after (a released state costs nothing on
+// context switches).
+struct alignas(64) AmxTileConfig {
+  uint8_t palette, start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+__attribute__((target("amx-tile"))) void AmxBegin() {
+  AmxTileConfig cfg{};
+  cfg.palette = 1;
+  for (int t = 0; t < 8; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = 16;
+  }
+  // GCC 12's _tile_loadconfig tells the compiler it reads 8 bytes of cfg:
+  // without this fence the stores above may be dropped.
+  asm volatile("" : : "r"(&cfg) : "memory");
+  _tile_loadconfig(&cfg);
+}
+__attribute__((target("amx-tile"))) void AmxEnd() { _tile_release(); }
+
+// acc[kAmxRows][kNR] (+)= A block . B panel over `steps` K steps of
+// kAmxPairs pairs: `first` starts from zero, else from acc. Not inlined, and
+// fenced: GCC's tile intrinsics are asm statements that do not tell the
+// compiler which memory they read or write.
+__attribute__((target("amx-tile,amx-bf16"), noinline)) void AmxBlock(const uint32_t* ap, const uint32_t* bp,
+                                                                     int64_t steps, float* acc, bool first) {
+  asm volatile("" ::: "memory");
+  if (first) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+  } else {
+    _tile_loadd(0, acc, kNR * 4);
+    _tile_loadd(1, acc + 16, kNR * 4);
+    _tile_loadd(2, acc + 16 * kNR, kNR * 4);
+    _tile_loadd(3, acc + 16 * kNR + 16, kNR * 4);
+  }
+  for (int64_t st = 0; st < steps; ++st) {
+    const uint32_t* a = ap + st * (kAmxRows * kAmxPairs);
+    const uint32_t* b = bp + st * (kAmxPairs * kNR);
+    _tile_loadd(4, a, kAmxPairs * 4);
+    _tile_loadd(6, b, kNR * 4);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_loadd(7, b + 16, kNR * 4);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_loadd(5, a + 16 * kAmxPairs, kAmxPairs * 4);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, acc, kNR * 4);
+  _tile_stored(1, acc + 16, kNR * 4);
+  _tile_stored(2, acc + 16 * kNR, kNR * 4);
+  _tile_stored(3, acc + 16 * kNR + 16, kNR * 4);
+  asm volatile("" ::: "memory");
+}
+
+// Tasks of kSuperRows rows x g.gp panels (as Bf16DirectBody); D is written
+// once per block, as bf16 (out16, bias added) or fp32 (c, beta applied).
+// Blocking (measured on Sapphire Rapids, docs/perf-gemm.md): per panel, K
+// runs in chunks of kAmxChunkSteps steps over the task's row blocks, whose
+// sums wait in acc (L1) between chunks, so one chunk of the B panel (16 KiB)
+// serves every row block from L1; the task's A rows and the group's B panels
+// stay in L2 across the task.
+constexpr int64_t kAmxChunkSteps = 8;
+void AmxBody(void* ctx, int64_t begin, int64_t end) {
+  const auto& g = *static_cast<const Bf16Job*>(ctx);
+  constexpr int64_t blocks_per_super = kSuperRows / kAmxRows;
+  const int64_t steps = g.kpa / kAmxPairs;
+  alignas(64) float acc[kSuperRows / kAmxRows][kAmxRows * kNR];
+  AmxBegin();
+  for (int64_t t = begin; t < end; ++t) {
+    const int64_t grp = t / g.m_supers, sup = t % g.m_supers;
+    const int64_t p0 = grp * g.gp, p1 = std::min(g.n_panels, p0 + g.gp);
+    const int64_t b0 = sup * blocks_per_super, b1 = std::min(g.m_blocks, b0 + blocks_per_super);
+    for (int64_t pan = p0; pan < p1; ++pan) {
+      const uint32_t* bp = g.bp + size_t(pan) * size_t(g.kpa) * kNR;
+      for (int64_t s0 = 0; s0 < steps; s0 += kAmxChunkSteps) {
+        const int64_t ns = std::min(kAmxChunkSteps, steps - s0);
+        for (int64_t blk = b0; blk < b1; ++blk)
+          AmxBlock(g.ap + size_t(blk) * size_t(g.kpa) * kAmxRows + size_t(s0) * (kAmxRows * kAmxPairs),
+                   bp + size_t(s0) * (kAmxPairs * kNR), ns, acc[blk - b0], s0 == 0);
+      }
+      const int cols = int(std::min<int64_t>(kNR, g.n - pan * kNR));
+      for (int64_t blk = b0; blk < b1; ++blk) {
+        const int rows = int(std::min<int64_t>(kAmxRows, g.m - blk * kAmxRows));
+        const int64_t at = blk * kAmxRows * g.n + pan * kNR;
+        StoreAccRows(acc[blk - b0], rows, cols, g.alpha, g.beta, g.out16 ? nullptr : g.c + at, g.n,
+                     g.out16 ? g.out16 + at : nullptr, g.bias ? g.bias + pan * kNR : nullptr);
+      }
+    }
+  }
+  AmxEnd();
+}
+
+// Packing of op(A) blocks [begin, end) in the job's format.
+void PackABlocks(Bf16Job& g, int64_t begin, int64_t end) {
+  if (g.amx) {
+    PackAAmxBody(&g, begin, end);
+  } else {
+    PackABody(&g, begin, end);
+  }
+}
+void PackAAnyBody(void* ctx, int64_t begin, int64_t end) { PackABlocks(*static_cast<Bf16Job*>(ctx), begin, end); }
 
 // One task: kSuperRows rows x kGroupPanels panels; tasks of one column group
 // are consecutive, so a thread's range shares its B slice. K is walked in
@@ -605,7 +806,7 @@ void Bf16ComputeBody(void* ctx, int64_t begin, int64_t end) {
   const int64_t blocks_per_super = kSuperRows / kMR;
   for (int64_t t = begin; t < end; ++t) {
     const int64_t grp = t / g.m_supers, sup = t % g.m_supers;
-    const int64_t p0 = grp * kGroupPanels, p1 = std::min(g.n_panels, p0 + kGroupPanels);
+    const int64_t p0 = grp * g.gp, p1 = std::min(g.n_panels, p0 + g.gp);
     const int64_t b0 = sup * blocks_per_super, b1 = std::min(g.m_blocks, b0 + blocks_per_super);
     for (int64_t k0 = 0; k0 < g.kp; k0 += kKcPairs) {
       const int64_t kc = std::min(kKcPairs, g.kp - k0);
@@ -631,7 +832,7 @@ void Bf16DirectBody(void* ctx, int64_t begin, int64_t end) {
   const int64_t blocks_per_super = kSuperRows / kMR;
   for (int64_t t = begin; t < end; ++t) {
     const int64_t grp = t / g.m_supers, sup = t % g.m_supers;
-    const int64_t p0 = grp * kGroupPanels, p1 = std::min(g.n_panels, p0 + kGroupPanels);
+    const int64_t p0 = grp * g.gp, p1 = std::min(g.n_panels, p0 + g.gp);
     const int64_t b0 = sup * blocks_per_super, b1 = std::min(g.m_blocks, b0 + blocks_per_super);
     for (int64_t blk = b0; blk < b1; ++blk) {
       const int rows = int(std::min<int64_t>(kMR, g.m - blk * kMR));
@@ -673,62 +874,82 @@ void ScanBody(void* ctx, int64_t begin, int64_t end) {
   }
 }
 
-// Words of packed operands for an M x N x K bf16 GEMM.
-size_t Bf16PackedWords(int64_t m, int64_t n, int64_t k) {
-  const size_t kp = size_t((k + 1) / 2);
-  return size_t((m + kMR - 1) / kMR) * kp * kMR + size_t((n + kNR - 1) / kNR) * kp * kNR;
+// K pairs per packed panel, and rows per packed A block.
+int64_t PanelPairs(int64_t k, bool amx) {
+  const int64_t kp = (k + 1) / 2;
+  return amx ? (kp + kAmxPairs - 1) / kAmxPairs * kAmxPairs : kp;
+}
+int BlockRows(bool amx) { return amx ? kAmxRows : kMR; }
+
+// Words of packed operands for an M x N x K bf16 GEMM (amx: the AMX layout),
+// with the slack that puts their start on a 64-byte boundary: a tile row
+// or zmm load that straddles two cache lines costs two L1 accesses (an
+// unaligned packed buffer halved the AMX kernel's rate).
+constexpr size_t kPackAlignWords = 64 / sizeof(uint32_t);
+size_t Bf16PackedWords(int64_t m, int64_t n, int64_t k, bool amx) {
+  const size_t kpa = size_t(PanelPairs(k, amx));
+  const int64_t mr = BlockRows(amx);
+  return size_t((m + mr - 1) / mr) * kpa * size_t(mr) + size_t((n + kNR - 1) / kNR) * kpa * kNR + kPackAlignWords;
 }
 
 // Shapes and panel pointers of an M x N x K bf16 job over `packed` (which
-// must have Bf16PackedWords(m, n, k) words: no allocation here).
+// must have Bf16PackedWords(m, n, k, amx) words: no allocation here).
 void Bf16Setup(Bf16Job& g, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* a, const void* b,
-               std::vector<uint32_t>& packed) {
+               std::vector<uint32_t>& packed, bool amx) {
   g.m = m;
   g.n = n;
   g.k = k;
   g.kp = (k + 1) / 2;
+  g.kpa = PanelPairs(k, amx);
+  g.amx = amx;
+  g.mr = BlockRows(amx);
+  // AMX: a task's panel group is ~1 MiB of packed B (half of a Sapphire
+  // Rapids core's L2; 512 KiB and 1.5 MiB measured slower), so the task's A
+  // rows are reused over more columns.
+  if (amx) g.gp = std::max<int64_t>(1, kAmxGroupBytes / (g.kpa * kNR * 4));
   g.transa = ta;
   g.transb = tb;
   g.a = static_cast<const uint16_t*>(a);
   g.b = static_cast<const uint16_t*>(b);
-  g.m_blocks = (m + kMR - 1) / kMR;
+  g.m_blocks = (m + g.mr - 1) / g.mr;
   g.n_panels = (n + kNR - 1) / kNR;
   g.m_supers = (m + kSuperRows - 1) / kSuperRows;
-  g.n_groups = (g.n_panels + kGroupPanels - 1) / kGroupPanels;
-  const size_t a_words = size_t(g.m_blocks) * size_t(g.kp) * kMR;
-  g.ap = packed.data();
-  g.bp = packed.data() + a_words;
+  g.n_groups = (g.n_panels + g.gp - 1) / g.gp;
+  const size_t a_words = size_t(g.m_blocks) * size_t(g.kpa) * size_t(g.mr);
+  const uintptr_t base = reinterpret_cast<uintptr_t>(packed.data());
+  g.ap = packed.data() + ((64 - base % 64) % 64) / sizeof(uint32_t);  // vector data is 4-byte aligned at least
+  g.bp = g.ap + a_words;
 }
 
 // Packs op(A) and op(B) into `packed`; true when they hold a subnormal bf16
 // value (the packed panels are then unusable: vdpbf16ps reads it as 0).
 bool Bf16Pack(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* a, const void* b,
-              std::vector<uint32_t>& packed) {
+              std::vector<uint32_t>& packed, bool amx) {
   Bf16Job g;
-  Bf16Setup(g, ta, tb, m, n, k, a, b, packed);
-  f->host->parallel_for(g.m_blocks, 1, PackABody, &g);
+  Bf16Setup(g, ta, tb, m, n, k, a, b, packed, amx);
+  f->host->parallel_for(g.m_blocks, 1, PackAAnyBody, &g);
   f->host->parallel_for(g.n_panels, 1, PackBBody, &g);
   return g.hit.load();
 }
 
 // c = alpha * op(A) op(B) + beta * c with bf16 A, B (no subnormals); packed
-// must have Bf16PackedWords(m, n, k) words of capacity (no allocation here).
-// prepacked: Bf16Pack already filled `packed` for these operands.
+// must have Bf16PackedWords(m, n, k, amx) words of capacity (no allocation
+// here). prepacked: Bf16Pack already filled `packed` for these operands.
 void Bf16Gemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
-              const void* b, float beta, float* c, std::vector<uint32_t>& packed, bool prepacked,
+              const void* b, float beta, float* c, std::vector<uint32_t>& packed, bool prepacked, bool amx,
               uint16_t* out16 = nullptr, const float* bias = nullptr) {
   Bf16Job g;
-  Bf16Setup(g, ta, tb, m, n, k, a, b, packed);
+  Bf16Setup(g, ta, tb, m, n, k, a, b, packed, amx);
   g.alpha = alpha;
   g.beta = beta;
   g.c = c;
   g.out16 = out16;
   g.bias = bias;
   if (!prepacked) {
-    f->host->parallel_for(g.m_blocks, 1, PackABody, &g);
+    f->host->parallel_for(g.m_blocks, 1, PackAAnyBody, &g);
     f->host->parallel_for(g.n_panels, 1, PackBBody, &g);
   }
-  f->host->parallel_for(g.n_groups * g.m_supers, 1, out16 ? Bf16DirectBody : Bf16ComputeBody, &g);
+  f->host->parallel_for(g.n_groups * g.m_supers, 1, amx ? AmxBody : out16 ? Bf16DirectBody : Bf16ComputeBody, &g);
 }
 
 // The direct bf16 path in one fork-join (a pool wake-up costs tens of
@@ -760,16 +981,16 @@ struct FusedCtx {
 void Bf16FusedBody(void* ctx, int64_t begin, int64_t end) {
   auto& x = *static_cast<FusedCtx*>(ctx);
   Bf16Job& g = *x.g;
-  const int64_t blocks_per_super = kSuperRows / kMR;
+  const int64_t blocks_per_super = kSuperRows / g.mr;
   const int64_t ng = g.n_groups, units = g.m_supers + ng;
   auto pack_b = [&](int64_t v) {
     if (x.groups[size_t(v)].b_claimed.exchange(true, std::memory_order_relaxed)) return;
-    PackBBody(&g, v * kGroupPanels, std::min(g.n_panels, (v + 1) * kGroupPanels));
+    PackBBody(&g, v * g.gp, std::min(g.n_panels, (v + 1) * g.gp));
     x.packed_units.fetch_add(1, std::memory_order_release);
   };
   auto run_group = [&](int64_t v) {
     for (int64_t s; (s = x.groups[size_t(v)].next_super.fetch_add(1, std::memory_order_relaxed)) < g.m_supers;)
-      Bf16DirectBody(&g, v * g.m_supers + s, v * g.m_supers + s + 1);
+      (g.amx ? AmxBody : Bf16DirectBody)(&g, v * g.m_supers + s, v * g.m_supers + s + 1);
   };
   for (int64_t t = begin; t < end; ++t) {  // one participant (several when run inline)
     for (int64_t v = t; v < ng; v += x.parts) pack_b(v);
@@ -778,7 +999,7 @@ void Bf16FusedBody(void* ctx, int64_t begin, int64_t end) {
         const int64_t r0 = u * kSuperRows, r1 = std::min(g.m, r0 + kSuperRows);
         if (AnySubnormalBf16(g.a + r0 * g.k, (r1 - r0) * g.k)) g.hit.store(true, std::memory_order_relaxed);
       } else {
-        PackABody(&g, u * blocks_per_super, std::min(g.m_blocks, (u + 1) * blocks_per_super));
+        PackABlocks(g, u * blocks_per_super, std::min(g.m_blocks, (u + 1) * blocks_per_super));
       }
       x.packed_units.fetch_add(1, std::memory_order_release);
     }
@@ -798,18 +1019,19 @@ void Bf16FusedBody(void* ctx, int64_t begin, int64_t end) {
 
 // out16 = bf16(alpha * op(A) op(B) + bias) in one fork-join, packing
 // included; false (out16 not written) when A or B holds a subnormal bf16
-// value. packed: Bf16PackedWords(m, n, k) words (no allocation here but the
-// per-group counters).
+// value. packed: Bf16PackedWords(m, n, k, amx) words (no allocation here but
+// the per-group counters).
 bool Bf16FusedDirect(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
-                     const void* a, const void* b, std::vector<uint32_t>& packed, uint16_t* out16, const float* bias) {
+                     const void* a, const void* b, std::vector<uint32_t>& packed, bool amx, uint16_t* out16,
+                     const float* bias) {
   Bf16Job g;
-  Bf16Setup(g, ta, tb, m, n, k, a, b, packed);
+  Bf16Setup(g, ta, tb, m, n, k, a, b, packed, amx);
   g.alpha = alpha;
   g.beta = 0.0f;
   g.c = nullptr;
   g.out16 = out16;
   g.bias = bias;
-  g.row_a = !ta && k % 2 == 0 && reinterpret_cast<uintptr_t>(a) % 4 == 0;
+  g.row_a = !amx && !ta && k % 2 == 0 && reinterpret_cast<uintptr_t>(a) % 4 == 0;
   FusedCtx x;
   x.g = &g;
   x.parts = std::max<int64_t>(1, f->host->num_threads());
@@ -828,6 +1050,7 @@ struct Gemm {
   const void* b16;
   std::vector<uint32_t>* packed;  // the bf16 path's packed operands (capacity reserved)
   bool prepacked;                 // Bf16Pack already filled *packed
+  bool amx;                       // the bf16 path runs on AMX tiles (packed in that layout)
   float alpha, beta;              // alpha with the FP8 scale_inv factors folded in
   const void* c;                  // Cterm source: C, or D's prior content (accumulate), or NULL
   DType tc;
@@ -884,7 +1107,7 @@ bool DirectBf16(const Gemm& g) {
 void Run(const tefl_call_frame* f, const Gemm& g, std::vector<float>& scratch) {
   if (g.m == 0 || g.n == 0) return;
   if (DirectBf16(g)) {
-    Bf16Gemm(f, g.transa, g.transb, g.m, g.n, g.k, g.alpha, g.a16, g.b16, 0.0f, nullptr, *g.packed, g.prepacked,
+    Bf16Gemm(f, g.transa, g.transb, g.m, g.n, g.k, g.alpha, g.a16, g.b16, 0.0f, nullptr, *g.packed, g.prepacked, g.amx,
              static_cast<uint16_t*>(g.d), g.bias);
     return;
   }
@@ -904,7 +1127,7 @@ void Run(const tefl_call_frame* f, const Gemm& g, std::vector<float>& scratch) {
   if (g.k == 0 || g.alpha == 0.0f) {  // no product: acc = beta * Cterm
     for (int64_t i = 0; i < mn; ++i) acc[i] = beta == 0.0f ? 0.0f : beta * acc[i];
   } else if (g.a16 != nullptr) {
-    Bf16Gemm(f, g.transa, g.transb, g.m, g.n, g.k, g.alpha, g.a16, g.b16, beta, acc, *g.packed, g.prepacked);
+    Bf16Gemm(f, g.transa, g.transb, g.m, g.n, g.k, g.alpha, g.a16, g.b16, beta, acc, *g.packed, g.prepacked, g.amx);
   } else {
     Sgemm(f, g.transa, g.transb, g.m, g.n, g.k, g.alpha, g.a, g.b, beta, acc);
   }
@@ -972,10 +1195,11 @@ struct OneGemm {
 struct OnePlan {
   bool bf16;
   bool scan_in_pack;
+  bool amx;  // the bf16 path on AMX tiles
 };
 OnePlan PlanOne(const tefl_call_frame* f, const OneGemm& o, bool scan) {
   const bool bf16 = o.m > 0 && o.n > 0 && UseBf16Path(f, o.ta, o.tb, o.m, o.n, o.k, o.a, o.b, 1, -1, scan);
-  return OnePlan{bf16, bf16 && !scan};
+  return OnePlan{bf16, bf16 && !scan, bf16 && PortablePathOn(PortablePath::kGemmAmx)};
 }
 bool OneDirect(const OneGemm& o, const OnePlan& p) {
   return p.bf16 && o.td == DType::kBF16 && !(o.c != nullptr && o.beta != 0.0f) && !o.gelu && o.d_amax == nullptr &&
@@ -983,7 +1207,7 @@ bool OneDirect(const OneGemm& o, const OnePlan& p) {
 }
 // Every buffer Execute needs (allocation may throw; nothing is written yet).
 void Reserve(Workspace& ws, const OneGemm& o, const OnePlan& p) {
-  if (p.bf16) Grow(ws.packed, Bf16PackedWords(o.m, o.n, o.k));
+  if (p.bf16) Grow(ws.packed, Bf16PackedWords(o.m, o.n, o.k, p.amx));
   if (!p.bf16 && o.ta != DType::kF32) Grow(ws.a, size_t(o.m * o.k));
   if (!p.bf16 && o.tb != DType::kF32) Grow(ws.b, size_t(o.k * o.n));
   if (o.bias && o.tbias != DType::kF32) Grow(ws.bias, size_t(o.n));
@@ -998,14 +1222,14 @@ void Execute(const tefl_call_frame* f, const OneGemm& o, OnePlan p, Workspace& w
   if (p.bf16 && p.scan_in_pack && OneDirect(o, p)) {
     // Packing and the tiles in one fork-join; a subnormal leaves D untouched.
     const float* bias32 = o.bias ? AsF32(f, o.bias, o.tbias, o.n, ws.bias) : nullptr;
-    done = Bf16FusedDirect(f, o.transa, o.transb, o.m, o.n, o.k, o.alpha * o.sa * o.sb, o.a, o.b, ws.packed,
+    done = Bf16FusedDirect(f, o.transa, o.transb, o.m, o.n, o.k, o.alpha * o.sa * o.sb, o.a, o.b, ws.packed, p.amx,
                            static_cast<uint16_t*>(o.d), bias32);
     if (!done) {
       p.bf16 = false;  // a subnormal: the exact sgemm path
       Reserve(ws, o, p);
     }
   } else if (p.bf16 && p.scan_in_pack) {
-    if (Bf16Pack(f, o.transa, o.transb, o.m, o.n, o.k, o.a, o.b, ws.packed)) {
+    if (Bf16Pack(f, o.transa, o.transb, o.m, o.n, o.k, o.a, o.b, ws.packed, p.amx)) {
       p.bf16 = false;  // a subnormal: the exact sgemm path
       Reserve(ws, o, p);
     } else {
@@ -1030,6 +1254,7 @@ void Execute(const tefl_call_frame* f, const OneGemm& o, OnePlan p, Workspace& w
   g.b16 = p.bf16 ? o.b : nullptr;
   g.packed = &ws.packed;
   g.prepacked = prepacked;
+  g.amx = p.amx;
   // alpha = 0 means "no product" to BLAS; keep it so when the scales are 0 too.
   g.alpha = o.alpha == 0.0f ? 0.0f : o.alpha * o.sa * o.sb;
   g.beta = o.beta;
