@@ -728,18 +728,31 @@ __attribute__((target("amx-tile,amx-bf16"), noinline)) void AmxBlock(const uint3
     _tile_loadd(2, acc + 16 * kNR, kNR * 4);
     _tile_loadd(3, acc + 16 * kNR + 16, kNR * 4);
   }
-  for (int64_t st = 0; st < steps; ++st) {
-    const uint32_t* a = ap + st * (kAmxRows * kAmxPairs);
-    const uint32_t* b = bp + st * (kAmxPairs * kNR);
-    _tile_loadd(4, a, kAmxPairs * 4);
-    _tile_loadd(6, b, kNR * 4);
+  // Software-pipelined: tiles are not renamed, so each load is issued as
+  // soon as the tile it overwrites has been read by its last product, a
+  // step ahead of its own products (steps >= 1).
+  const uint32_t* a = ap;
+  const uint32_t* b = bp;
+  _tile_loadd(4, a, kAmxPairs * 4);
+  _tile_loadd(6, b, kNR * 4);
+  _tile_loadd(7, b + 16, kNR * 4);
+  _tile_loadd(5, a + 16 * kAmxPairs, kAmxPairs * 4);
+  for (int64_t st = 1; st < steps; ++st) {
+    a += kAmxRows * kAmxPairs;
+    b += kAmxPairs * kNR;
     _tile_dpbf16ps(0, 4, 6);
-    _tile_loadd(7, b + 16, kNR * 4);
     _tile_dpbf16ps(1, 4, 7);
-    _tile_loadd(5, a + 16 * kAmxPairs, kAmxPairs * 4);
+    _tile_loadd(4, a, kAmxPairs * 4);
     _tile_dpbf16ps(2, 5, 6);
+    _tile_loadd(6, b, kNR * 4);
     _tile_dpbf16ps(3, 5, 7);
+    _tile_loadd(5, a + 16 * kAmxPairs, kAmxPairs * 4);
+    _tile_loadd(7, b + 16, kNR * 4);
   }
+  _tile_dpbf16ps(0, 4, 6);
+  _tile_dpbf16ps(1, 4, 7);
+  _tile_dpbf16ps(2, 5, 6);
+  _tile_dpbf16ps(3, 5, 7);
   _tile_stored(0, acc, kNR * 4);
   _tile_stored(1, acc + 16, kNR * 4);
   _tile_stored(2, acc + 16 * kNR, kNR * 4);
