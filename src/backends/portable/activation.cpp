@@ -74,11 +74,18 @@ constexpr int64_t kBlock = 8192;
 constexpr size_t kTile = 512;
 // dbias: rows summed in fp32 before they are added to the double partials.
 constexpr int64_t kFlushRows = 32;
-// bf16 dbias: g and x are prefetched this many bytes ahead. With the fp32
-// column sums' loads and stores in the loop, the hardware prefetcher alone
-// left the large-shape loop waiting on memory (single thread, [8192, 4096]:
-// 21-26 ms without, 20-22 ms with; docs/perf-activation.md).
-constexpr size_t kDbiasPrefetchBytes = 2048;
+// The elementwise loops prefetch their inputs this many bytes ahead. The
+// hardware prefetcher alone left the large-shape loops waiting on memory:
+// on Zen 3 the bf16 dbias loop (single thread, [8192, 4096]: 21-26 ms
+// without, 20-22 ms with, at 2 KiB), on a Sapphire Rapids VM every
+// transcendental loop (bf16 gelu 25.3 -> 9.2 ms, dgelu 35.7 -> 13.0 ms at
+// 4 KiB; docs/perf-activation.md, session 26). An address past the end is
+// harmless for a prefetch (no fault, no access).
+constexpr uintptr_t kPrefetchBytes = 4096;
+template <class T>
+HWY_INLINE void PrefetchAhead(const T* p) {
+  hwy::Prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + kPrefetchBytes));
+}
 
 // One call. Non-gated: x, g, y are [rows, h]. Gated: x and (backward) y are
 // [rows, 2h], g and (forward) y [rows, h].
@@ -601,6 +608,7 @@ HWY_INLINE void SpanFwdTable(const uint16_t* HWY_RESTRICT tab, const bfloat16_t*
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const bfloat16_t* HWY_RESTRICT xi = x + i;
+    if (i % 32 == 0) PrefetchAhead(xi);  // once per 64-byte line
     __m128i v = _mm_cvtsi32_si128(tab[xi[0].bits]);
     v = _mm_insert_epi16(v, tab[xi[1].bits], 1);
     v = _mm_insert_epi16(v, tab[xi[2].bits], 2);
@@ -696,6 +704,7 @@ HWY_INLINE void SpanFwd(const Fn& fn, const T* HWY_RESTRICT x, T* HWY_RESTRICT y
   size_t i = 0;
   for (; i + K * nl <= n; i += K * nl) {
     V v[K];
+    PrefetchAhead(x + i);
     LoadStep(d, x + i, v);
     TEFL_UNROLL_K
     for (size_t k = 0; k < K; ++k) v[k] = fn.Act(v[k]);
@@ -718,12 +727,8 @@ HWY_INLINE void SpanBwd(const Fn& fn, const T* HWY_RESTRICT g, const T* HWY_REST
   size_t i = 0;
   for (; i + K * nl <= n; i += K * nl) {
     V gv[K], v[K];
-    if constexpr (std::is_same_v<T, bfloat16_t>) {
-      if (acc) {  // addresses as integers: past the end near the last rows (prefetches never fault)
-        hwy::Prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(g + i) + kDbiasPrefetchBytes));
-        hwy::Prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(x + i) + kDbiasPrefetchBytes));
-      }
-    }
+    PrefetchAhead(g + i);
+    PrefetchAhead(x + i);
     LoadStep(d, g + i, gv);
     ActStep<false, true>(fn, d, x + i, nullptr, v);
     TEFL_UNROLL_K
@@ -757,6 +762,8 @@ HWY_INLINE void SpanGatedFwd(const Fn& fn, const T* HWY_RESTRICT a, const T* HWY
   size_t i = 0;
   for (; i + K * nl <= n; i += K * nl) {
     V av[K], bv[K];
+    PrefetchAhead(a + i);
+    PrefetchAhead(b + i);
     ActStep<true, false>(fn, d, a + i, av, nullptr);
     LoadStep(d, b + i, bv);
     TEFL_UNROLL_K
@@ -786,6 +793,9 @@ HWY_INLINE void SpanGatedBwd(const Fn& fn, const T* HWY_RESTRICT g, const T* HWY
   size_t i = 0;
   for (; i + K * nl <= n; i += K * nl) {
     V gv[K], av[K], dv[K], bv[K];
+    PrefetchAhead(g + i);
+    PrefetchAhead(a + i);
+    PrefetchAhead(b + i);
     LoadStep(d, g + i, gv);
     ActStep<true, true>(fn, d, a + i, av, dv);
     LoadStep(d, b + i, bv);
