@@ -74,6 +74,11 @@ struct DropArgs {
 
 // Elements per block: the mask block and its x / y rows stay in L1.
 constexpr int64_t kBlock = 4096;
+// The loops prefetch x (and dropout_bwd's mask) this many bytes ahead: the
+// hardware prefetcher alone left the large-shape loops waiting on memory on a
+// Sapphire Rapids VM (docs/perf-softmax.md, session 26). Past the end is
+// harmless for a prefetch (no fault, no access).
+constexpr uintptr_t kDropoutPrefetchBytes = 4096;
 
 }  // namespace
 }  // namespace tefl::backends
@@ -270,6 +275,11 @@ HWY_INLINE void ApplyT(const DropArgs& a, int64_t e0, int64_t e1) {
   };
   size_t i = size_t(e0);
   const size_t end = size_t(e1);
+  // x and the mask 4 KiB ahead (see kDropoutPrefetchBytes).
+  const auto prefetch = [&](size_t at) HWY_ATTR {
+    hwy::Prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(x + at) + kDropoutPrefetchBytes));
+    hwy::Prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(m + at) + kDropoutPrefetchBytes));
+  };
 #if HWY_TARGET != HWY_SCALAR
   if constexpr (std::is_same_v<TX, bfloat16_t> && std::is_same_v<TY, bfloat16_t>) {
     // bf16 in and out in pair order (activation.cpp's): one u32 load of 2 nf
@@ -286,6 +296,7 @@ HWY_INLINE void ApplyT(const DropArgs& a, int64_t e0, int64_t e1) {
     const auto* HWY_RESTRICT x32 = reinterpret_cast<const uint32_t*>(x);
     auto* HWY_RESTRICT y32 = reinterpret_cast<uint32_t*>(y);
     for (; i + 2 * nf <= end; i += 2 * nf) {
+      prefetch(i);
       const auto w = hn::LoadU(du32, x32 + i / 2);
       const auto mw = hn::PromoteTo(du32, hn::BitCast(dh, hn::LoadU(d8p, m + i)));
       const auto ke = hn::RebindMask(df, hn::Ne(hn::And(mw, hn::Set(du32, 0xFFu)), hn::Zero(du32)));
@@ -301,13 +312,17 @@ HWY_INLINE void ApplyT(const DropArgs& a, int64_t e0, int64_t e1) {
     const hn::Repartition<uint16_t, decltype(df)> du16;
     uint16_t* HWY_RESTRICT yu = reinterpret_cast<uint16_t*>(y);
     for (; i + 2 * nf <= end; i += 2 * nf) {
+      prefetch(i);
       const auto v0 = hn::Mul(LoadF(df, x + i), mult(i));
       const auto v1 = hn::Mul(LoadF(df, x + i + nf), mult(i + nf));
       StoreF(RoundToBF16Bits2(v0, v1, df), du16, yu + i);
     }
   }
 #endif
-  for (; i + nf <= end; i += nf) StoreF(hn::Mul(LoadF(df, x + i), mult(i)), df, y + i);
+  for (; i + nf <= end; i += nf) {
+    prefetch(i);
+    StoreF(hn::Mul(LoadF(df, x + i), mult(i)), df, y + i);
+  }
   for (; i < end; ++i) ScalarStore(ScalarLoad(x + i) * (m[i] != 0 ? a.scale : 0.0f), y + i);
 }
 
@@ -596,6 +611,10 @@ TEFL_DROPOUT_TARGET int64_t DropoutFwdAvx512Steps(const DropArgs& args, int64_t 
   const __m512 scale = _mm512_set1_ps(args.scale);
   const __m512i iota = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
   for (; e + 128 <= e1; e += 128) {
+    for (size_t l = 0; l < 128 * sizeof(TX); l += 64)  // x 4 KiB ahead (see kDropoutPrefetchBytes)
+      _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(static_cast<const TX*>(args.x) + e) +
+                                                 kDropoutPrefetchBytes + l),
+                   _MM_HINT_T0);
     const uint64_t g = args.group0 + uint64_t(e) / 8;
     uint64_t keep[2];
     if (HWY_LIKELY(uint32_t(g) <= UINT32_MAX - 15)) {
