@@ -1125,6 +1125,10 @@ HWY_NOINLINE void GatedFp8RowsT(const Fn& fn, const Job& j, int64_t r0, int64_t 
     const auto body4 = [&](auto stream) HWY_ATTR {
       size_t k = 0;
       for (; k + 4 * nl <= h; k += 4 * nl) {
+        for (size_t l = 0; l < 4 * nl * sizeof(T); l += 64) {
+          PrefetchAhead(reinterpret_cast<const char*>(a + k) + l);
+          PrefetchAhead(reinterpret_cast<const char*>(b + k) + l);
+        }
         const V y0 = yv(k), y1 = yv(k + nl), y2 = yv(k + 2 * nl), y3 = yv(k + 3 * nl);
         m0 = hn::Max(m0, hn::Max(AbsBits(d, y0), AbsBits(d, y1)));
         m1 = hn::Max(m1, hn::Max(AbsBits(d, y2), AbsBits(d, y3)));
