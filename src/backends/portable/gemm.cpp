@@ -542,13 +542,12 @@ __attribute__((target("avx512f,avx512bw"))) void PackAAmxBody(void* ctx, int64_t
     if (!g.transa) {
       __mmask32 any = 0;
       for (int r = 0; r < kAmxRows; ++r) {
-        const uint16_t* row = g.a + (i0 + r) * g.k;
         for (int64_t c = 0; c < chunks; ++c) {
           __m512i v = _mm512_setzero_si512();
           if (r < rows) {  // every step holds at least one element of K (kpa < kp + kAmxPairs)
             const int64_t left = g.k - 2 * kAmxPairs * c;
             const __mmask32 m = left >= 32 ? __mmask32(~0u) : __mmask32((1u << left) - 1);
-            v = _mm512_maskz_loadu_epi16(m, row + 2 * kAmxPairs * c);
+            v = _mm512_maskz_loadu_epi16(m, g.a + (i0 + r) * g.k + 2 * kAmxPairs * c);
             any |= Subnormal32(v);
           }
           _mm512_storeu_si512(dst + c * kChunkWords + r * kAmxPairs, v);
@@ -570,15 +569,13 @@ __attribute__((target("avx512f,avx512bw"))) void PackAAmxBody(void* ctx, int64_t
 }
 #pragma GCC diagnostic pop
 
-// C[rows, cols] (ld ldc) = alpha * (A tile . B panel) + beta * C.
 // GCC 12 reports its own _mm512_undefined_*() placeholders inside the
 // shift/narrowing intrinsics as "maybe uninitialized" (a false positive).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-// C[rows, cols] (ld ldc) = alpha * (A tile . B panel) + beta * C; with out16,
-// instead out16[rows, cols] (ld ldc) = bf16(alpha * (A tile . B panel) +
-// bias) and C is not touched.
-// The rows of a finished tile: acc is [rows][kNR] fp32 sums.
+// The rows of a finished tile, acc [rows][kNR] fp32 sums (64-byte aligned):
+// C[rows, cols] (ld ldc) = alpha * acc + beta * C; with out16, instead
+// out16[rows, cols] (ld ldc) = bf16(alpha * acc + bias) and C is not touched.
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void StoreAccRows(const float* acc, int rows, int cols,
                                                                                   float alpha, float beta, float* c,
                                                                                   int64_t ldc, uint16_t* out16,
@@ -618,6 +615,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void StoreAccRow
   }
 }
 
+// One 8 x 32 tile of D by vdpbf16ps over kp pairs, stored by StoreAccRows.
 // kRowA: ap is row-major A itself (no transa, even K, 4-byte aligned: the
 // K pair (2p, 2p + 1) of row r is the word ap[r * lda_w + p]); rows past
 // `rows` re-read the last valid row (never past A), their sums discarded.
