@@ -555,14 +555,38 @@ __attribute__((target("avx512f,avx512bw"))) void PackAAmxBody(void* ctx, int64_t
       }
       hit |= any != 0;
     } else {  // A is [K, M]: row i of op(A) is column i of A
-      auto* d16 = reinterpret_cast<uint16_t*>(dst);
-      std::memset(dst, 0, size_t(g.kpa) * kAmxRows * 4);
-      for (int64_t kk = 0; kk < g.k; ++kk) {
-        const uint16_t* src = g.a + kk * g.m + i0;
-        uint16_t* out = d16 + (kk / (2 * kAmxPairs)) * kChunkWords * 2 + kk % (2 * kAmxPairs);
-        for (int r = 0; r < rows; ++r) out[r * 2 * kAmxPairs] = src[r];
+      // Full blocks, whole steps: each K pair of the block's 32 columns
+      // interleaved into 32 words (PackBPair32, which checks them), then the
+      // step's [pair][row] words transposed to [row][pair] by 8 x 8 blocks.
+      int64_t steps_done = 0;
+      if (rows == kAmxRows) {
+        alignas(64) uint32_t w[kAmxPairs * kAmxRows];
+        __mmask32 any = 0;
+        for (; 2 * kAmxPairs * (steps_done + 1) <= g.k; ++steps_done) {
+          for (int p = 0; p < kAmxPairs; ++p) {
+            const uint16_t* r0 = g.a + 2 * (steps_done * kAmxPairs + p) * g.m + i0;
+            any |= PackBPair32(r0, r0 + g.m, w + p * kAmxRows);
+          }
+          for (int p0 = 0; p0 < kAmxPairs; p0 += 8)
+            PackRows8(reinterpret_cast<const uint16_t*>(w + p0 * kAmxRows), 2 * kAmxRows, kAmxRows,
+                      dst + steps_done * kChunkWords + p0, kAmxPairs, &hit);
+        }
+        hit |= any != 0;
       }
-      hit |= AnySubnormalBf16(dst, g.kpa * kAmxRows * 2);
+      // The rest (a partial block, the last partial step): zeros, then
+      // element by element, checked after.
+      uint32_t* rest = dst + steps_done * kChunkWords;
+      const int64_t rest_words = g.kpa * kAmxRows - steps_done * kChunkWords;
+      if (rest_words > 0) {
+        std::memset(rest, 0, size_t(rest_words) * 4);
+        auto* d16 = reinterpret_cast<uint16_t*>(dst);
+        for (int64_t kk = steps_done * 2 * kAmxPairs; kk < g.k; ++kk) {
+          const uint16_t* src = g.a + kk * g.m + i0;
+          uint16_t* out = d16 + (kk / (2 * kAmxPairs)) * kChunkWords * 2 + kk % (2 * kAmxPairs);
+          for (int r = 0; r < rows; ++r) out[r * 2 * kAmxPairs] = src[r];
+        }
+        hit |= AnySubnormalBf16(rest, rest_words * 2);
+      }
     }
   }
   if (hit) g.hit.store(true, std::memory_order_relaxed);
