@@ -74,18 +74,6 @@ constexpr int64_t kBlock = 8192;
 constexpr size_t kTile = 512;
 // dbias: rows summed in fp32 before they are added to the double partials.
 constexpr int64_t kFlushRows = 32;
-// The elementwise loops prefetch their inputs this many bytes ahead. The
-// hardware prefetcher alone left the large-shape loops waiting on memory:
-// on Zen 3 the bf16 dbias loop (single thread, [8192, 4096]: 21-26 ms
-// without, 20-22 ms with, at 2 KiB), on a Sapphire Rapids VM every
-// transcendental loop (bf16 gelu 25.3 -> 9.2 ms, dgelu 35.7 -> 13.0 ms at
-// 4 KiB; docs/perf-activation.md, session 26). An address past the end is
-// harmless for a prefetch (no fault, no access).
-constexpr uintptr_t kPrefetchBytes = 4096;
-template <class T>
-HWY_INLINE void PrefetchAhead(const T* p) {
-  hwy::Prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + kPrefetchBytes));
-}
 
 // One call. Non-gated: x, g, y are [rows, h]. Gated: x and (backward) y are
 // [rows, 2h], g and (forward) y [rows, h].
@@ -1125,10 +1113,8 @@ HWY_NOINLINE void GatedFp8RowsT(const Fn& fn, const Job& j, int64_t r0, int64_t 
     const auto body4 = [&](auto stream) HWY_ATTR {
       size_t k = 0;
       for (; k + 4 * nl <= h; k += 4 * nl) {
-        for (size_t l = 0; l < 4 * nl * sizeof(T); l += 64) {
-          PrefetchAhead(reinterpret_cast<const char*>(a + k) + l);
-          PrefetchAhead(reinterpret_cast<const char*>(b + k) + l);
-        }
+        PrefetchAhead(a + k, 4 * nl * sizeof(T));
+        PrefetchAhead(b + k, 4 * nl * sizeof(T));
         const V y0 = yv(k), y1 = yv(k + nl), y2 = yv(k + 2 * nl), y3 = yv(k + 3 * nl);
         m0 = hn::Max(m0, hn::Max(AbsBits(d, y0), AbsBits(d, y1)));
         m1 = hn::Max(m1, hn::Max(AbsBits(d, y2), AbsBits(d, y3)));

@@ -74,11 +74,6 @@ struct DropArgs {
 
 // Elements per block: the mask block and its x / y rows stay in L1.
 constexpr int64_t kBlock = 4096;
-// The loops prefetch x (and dropout_bwd's mask) this many bytes ahead: the
-// hardware prefetcher alone left the large-shape loops waiting on memory on a
-// Sapphire Rapids VM (docs/perf-softmax.md, session 26). Past the end is
-// harmless for a prefetch (no fault, no access).
-constexpr uintptr_t kDropoutPrefetchBytes = 4096;
 
 }  // namespace
 }  // namespace tefl::backends
@@ -275,10 +270,10 @@ HWY_INLINE void ApplyT(const DropArgs& a, int64_t e0, int64_t e1) {
   };
   size_t i = size_t(e0);
   const size_t end = size_t(e1);
-  // x and the mask 4 KiB ahead (see kDropoutPrefetchBytes).
+  // x and the mask ahead (simd_io-inl.h; docs/perf-softmax.md, session 26).
   const auto prefetch = [&](size_t at) HWY_ATTR {
-    hwy::Prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(x + at) + kDropoutPrefetchBytes));
-    hwy::Prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(m + at) + kDropoutPrefetchBytes));
+    PrefetchAhead(x + at);
+    PrefetchAhead(m + at);
   };
 #if HWY_TARGET != HWY_SCALAR
   if constexpr (std::is_same_v<TX, bfloat16_t> && std::is_same_v<TY, bfloat16_t>) {
@@ -611,10 +606,7 @@ TEFL_DROPOUT_TARGET int64_t DropoutFwdAvx512Steps(const DropArgs& args, int64_t 
   const __m512 scale = _mm512_set1_ps(args.scale);
   const __m512i iota = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
   for (; e + 128 <= e1; e += 128) {
-    for (size_t l = 0; l < 128 * sizeof(TX); l += 64)  // x 4 KiB ahead (see kDropoutPrefetchBytes)
-      _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(static_cast<const TX*>(args.x) + e) +
-                                                 kDropoutPrefetchBytes + l),
-                   _MM_HINT_T0);
+    PrefetchAhead(static_cast<const TX*>(args.x) + e, 128 * sizeof(TX));  // simd_io-inl.h
     const uint64_t g = args.group0 + uint64_t(e) / 8;
     uint64_t keep[2];
     if (HWY_LIKELY(uint32_t(g) <= UINT32_MAX - 15)) {

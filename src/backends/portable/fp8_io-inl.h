@@ -42,17 +42,6 @@ HWY_BEFORE_NAMESPACE();
 namespace tefl::backends::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// The quantize and dequantize loops prefetch their input this many bytes
-// ahead: on a Sapphire Rapids VM the hardware prefetcher alone left them
-// waiting on memory (bf16 dequantize of [8192, 4096]: 36.8 -> see
-// docs/perf-quantization.md, session 26). Past the end is harmless.
-constexpr uintptr_t kFp8PrefetchBytes = 4096;
-// The lines of [p, p + bytes) kFp8PrefetchBytes ahead.
-HWY_INLINE void PrefetchAheadBytes(const void* p, size_t bytes) {
-  for (size_t l = 0; l < bytes; l += 64)
-    hwy::Prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + kFp8PrefetchBytes + l));
-}
-
 // Compile-time constants of a format.
 template <Fp8Format kF>
 struct Fp8C {
@@ -422,7 +411,7 @@ HWY_INLINE size_t Quantize16Avx2(const T* HWY_RESTRICT x, uint8_t* HWY_RESTRICT 
   __m256i m0 = _mm256_setzero_si256(), m1 = _mm256_setzero_si256();
   size_t i = 0;
   for (; i + 32 <= n; i += 32) {
-    PrefetchAheadBytes(x + i, 64);
+    PrefetchAhead(x + i, 64);
     const __m256i r0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i));
     const __m256i r1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i + 16));
     const __m256i a0 = _mm256_and_si256(r0, abs16), a1 = _mm256_and_si256(r1, abs16);
@@ -480,7 +469,7 @@ HWY_INLINE uint32_t QuantizeSpanFast(const T* HWY_RESTRICT x, uint8_t* HWY_RESTR
     return WithSign(du, EncodeMagnitude<kF>(df, af), bits);
   };
   for (; i + 4 * nl <= n; i += 4 * nl) {
-    PrefetchAheadBytes(x + i, 4 * nl * sizeof(T));
+    PrefetchAhead(x + i, 4 * nl * sizeof(T));
     const auto b0 = hn::BitCast(du, LoadF(df, x + i)), b1 = hn::BitCast(du, LoadF(df, x + i + nl));
     const auto b2 = hn::BitCast(du, LoadF(df, x + i + 2 * nl)), b3 = hn::BitCast(du, LoadF(df, x + i + 3 * nl));
     const auto a0 = hn::And(b0, kAbs), a1 = hn::And(b1, kAbs), a2 = hn::And(b2, kAbs), a3 = hn::And(b3, kAbs);
@@ -569,7 +558,7 @@ HWY_INLINE size_t DequantizeBody(DF df, const uint8_t* HWY_RESTRICT q, T* HWY_RE
     auto* HWY_RESTRICT p = reinterpret_cast<uint16_t*>(x);
     for (; i + 2 * nl <= n; i += 2 * nl) {
       V v0, v1;
-      if (i % 64 == 0) PrefetchAheadBytes(q + i, 64);
+      if (i % 64 == 0) PrefetchAhead(q + i, 64);
       load2(i, v0, v1);
       const auto b = s_nan ? RoundToBF16Bits2(v0, v1, df) : Bf16BitsNoPayload2(df, v0, v1);
       if constexpr (kStream) {
@@ -581,7 +570,7 @@ HWY_INLINE size_t DequantizeBody(DF df, const uint8_t* HWY_RESTRICT q, T* HWY_RE
   } else if (TEFL_FP8_F16C) {
     for (; i + 2 * nl <= n; i += 2 * nl) {
       V v0, v1;
-      if (i % 64 == 0) PrefetchAheadBytes(q + i, 64);
+      if (i % 64 == 0) PrefetchAhead(q + i, 64);
       load2(i, v0, v1);
       if constexpr (kStream) {
         StreamF(v0, df, x + i);

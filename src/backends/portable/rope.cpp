@@ -265,8 +265,6 @@ HWY_INLINE void HeadContig(const T* HWY_RESTRICT x, T* HWY_RESTRICT y, const flo
   if (d > d2) std::memcpy(y + d2, x + d2, (d - d2) * sizeof(T));
 }
 
-constexpr uintptr_t kRopePrefetchBytes = 4096;
-
 // Rows [r0, r1) of the plan. scratch: 5 * d2 floats (angles, 2 tables).
 template <class T>
 HWY_NOINLINE void RopeRowsT(const RopePlan& p, int64_t r0, int64_t r1, float* scratch) {
@@ -326,12 +324,7 @@ HWY_NOINLINE void RopeRowsT(const RopePlan& p, int64_t r0, int64_t r1, float* sc
         for (int64_t j = 0; j < job.heads; ++j) {
           const T* x = xrow[jn] + g * job.in_sg + j * job.in_sj;
           T* y = yrow[jn] + g * job.out_sg + j * job.out_sj;
-          // The input 4 KiB ahead: the hardware prefetcher alone left the
-          // large-shape loop waiting on memory on a Sapphire Rapids VM
-          // (docs/perf-rope.md, session 26). Past the end is harmless.
-          if (contig)
-            for (size_t l = 0; l < size_t(d) * sizeof(T); l += 64)
-              hwy::Prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(x) + kRopePrefetchBytes + l));
+          if (contig) PrefetchAhead(x, size_t(d) * sizeof(T));  // docs/perf-rope.md, session 26
           if (!contig) {
             HeadStrided(x, job.in_sd, y, job.out_sd, c, s, d, rot, interleaved);
           } else if (p.stream) {
