@@ -28,8 +28,9 @@
 // TEFL_PORTABLE_DROPOUT_AVX512=0 turns it off) dropout_fwd instead runs one
 // fused pass of 128 elements a step (DropoutFwdAvx512 below): Philox, the
 // keep bits as two 64-bit masks, the mask bytes and the output from them;
-// same bytes as the path above. fp32 outputs of >= 32 MiB are stored
-// non-temporally there.
+// same bytes as the path above. Outputs of >= 32 MiB are stored
+// non-temporally there; bf16 outputs are rounded by vcvtne2ps2bf16 where the
+// CPU has AVX512-BF16 (PortablePath::kBf16Cvt, TEFL_PORTABLE_BF16_CVT=0 off).
 //
 // Host contract (validated before the call): CPU tensors, compact, float
 // dtypes for the data (each on its own), uint8 masks, same shapes, no
@@ -69,6 +70,7 @@ struct DropArgs {
   void* y;
   uint8_t* mask;    // written (fwd) or read (bwd)
   bool avx512;      // dropout_fwd by DropoutFwdAvx512 (PortablePath::kDropoutAvx512)
+  bool native;      // DropoutFwdAvx512: bf16 y rounded by vcvtne2ps2bf16 (PortablePath::kBf16Cvt)
   uint64_t group0;  // DropoutFwdAvx512: element i is in Philox group group0 + i / 8 (0 but in tests)
 };
 
@@ -374,9 +376,9 @@ namespace {
 // order and one vpcmpuw gives the keep bits of 32 elements directly (no
 // pdep). The mask bytes are each 64-bit mask expanded (vmovdqu8 {z}); the
 // output is x * (kept ? scale : 0) with the same mask (no re-read), in fp32,
-// rounded to nearest even once. Same-dtype bf16 splits a 32-element load
-// into even / odd elements (a shift and an and) and joins the two rounded
-// halves with one vpternlogd.
+// rounded to nearest even once. Without AVX512-BF16, same-dtype bf16 splits
+// a 32-element load into even / odd elements (a shift and an and) and joins
+// the two rounded halves with one vpternlogd.
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define TEFL_DROPOUT_AVX512 1
 #define TEFL_DROPOUT_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,bmi,bmi2")))
@@ -434,6 +436,13 @@ TEFL_DROPOUT_TARGET void SetPhiloxHi(const DropArgs& args, PhiloxZmm& z, uint64_
   z.hi = hi;
 }
 
+// The high half of each u64 lane's product moved to the low half, the low
+// half to the high half (vpshufd, the shuffle port, where a vpsrlq would take
+// the multiplier's port 0). The round state keeps such a stray high half in
+// every lane: vpmuludq reads the low halves only, and round 9 merges the low
+// halves alone (masked xor), so no stray bit reaches the words.
+TEFL_DROPOUT_INLINE __m512i Hi32(__m512i p) { return _mm512_shuffle_epi32(p, _MM_PERM_CDAB); }
+
 // Ten rounds on 2 x 8 counters (lo32(g) in the u64 lanes' low halves, all
 // with hi32(g) = z.hi), interleaved for the multiplier's latency; w01 / w23:
 // per u64 lane, words 0 and 2 low, 1 and 3 high.
@@ -443,19 +452,19 @@ TEFL_DROPOUT_INLINE void PhiloxZmm16(const PhiloxZmm& z, const __m512i lo[2], __
   for (int v = 0; v < 2; ++v) {
     // Round 0 (c0 after it is the constant a).
     p0[v] = _mm512_mul_epu32(lo[v], z.m0);
-    c2[v] = _mm512_xor_si512(_mm512_srli_epi64(p0[v], 32), z.x0_c2);
+    c2[v] = _mm512_xor_si512(Hi32(p0[v]), z.x0_c2);
     c3[v] = p0[v];
     // Round 1 (c1 is round 0's constant p1, folded into x1_c0; p0 the constant q0).
     p1[v] = _mm512_mul_epu32(c2[v], z.m1);
-    c0[v] = _mm512_xor_si512(_mm512_srli_epi64(p1[v], 32), z.x1_c0);
+    c0[v] = _mm512_xor_si512(Hi32(p1[v]), z.x1_c0);
     c1[v] = p1[v];
     c2[v] = _mm512_xor_si512(c3[v], z.x1_c2);
     // Round 2 (c3 is q0, folded into x2_c2).
     p0[v] = _mm512_mul_epu32(c0[v], z.m0);
     p1[v] = _mm512_mul_epu32(c2[v], z.m1);
-    c0[v] = _mm512_ternarylogic_epi64(_mm512_srli_epi64(p1[v], 32), c1[v], z.k0[2], 0x96);
+    c0[v] = _mm512_ternarylogic_epi64(Hi32(p1[v]), c1[v], z.k0[2], 0x96);
     c1[v] = p1[v];
-    c2[v] = _mm512_xor_si512(_mm512_srli_epi64(p0[v], 32), z.x2_c2);
+    c2[v] = _mm512_xor_si512(Hi32(p0[v]), z.x2_c2);
     c3[v] = p0[v];
   }
 #pragma GCC unroll 6
@@ -464,20 +473,20 @@ TEFL_DROPOUT_INLINE void PhiloxZmm16(const PhiloxZmm& z, const __m512i lo[2], __
     for (int v = 0; v < 2; ++v) {
       p0[v] = _mm512_mul_epu32(c0[v], z.m0);
       p1[v] = _mm512_mul_epu32(c2[v], z.m1);
-      c0[v] = _mm512_ternarylogic_epi64(_mm512_srli_epi64(p1[v], 32), c1[v], z.k0[r], 0x96);
+      c0[v] = _mm512_ternarylogic_epi64(Hi32(p1[v]), c1[v], z.k0[r], 0x96);
       c1[v] = p1[v];
-      c2[v] = _mm512_ternarylogic_epi64(_mm512_srli_epi64(p0[v], 32), c3[v], z.k1[r], 0x96);
+      c2[v] = _mm512_ternarylogic_epi64(Hi32(p0[v]), c3[v], z.k1[r], 0x96);
       c3[v] = p0[v];
     }
   }
-  // Round 9: word 1 = lo(p1), word 0 = hi(p1) ^ c1 ^ k0 (the rotate puts
-  // hi(p1) low, the masked xor touches the low halves only); 3 / 2 alike.
+  // Round 9: word 1 = lo(p1), word 0 = hi(p1) ^ c1 ^ k0 (Hi32 swaps the
+  // halves, the masked xor touches the low halves only); 3 / 2 alike.
 #pragma GCC unroll 2
   for (int v = 0; v < 2; ++v) {
     p0[v] = _mm512_mul_epu32(c0[v], z.m0);
     p1[v] = _mm512_mul_epu32(c2[v], z.m1);
-    w01[v] = _mm512_mask_ternarylogic_epi32(_mm512_rol_epi64(p1[v], 32), 0x5555, c1[v], z.k0[9], 0x96);
-    w23[v] = _mm512_mask_ternarylogic_epi32(_mm512_rol_epi64(p0[v], 32), 0x5555, c3[v], z.k1[9], 0x96);
+    w01[v] = _mm512_mask_ternarylogic_epi32(Hi32(p1[v]), 0x5555, c1[v], z.k0[9], 0x96);
+    w23[v] = _mm512_mask_ternarylogic_epi32(Hi32(p0[v]), 0x5555, c3[v], z.k1[9], 0x96);
   }
 }
 
@@ -541,6 +550,23 @@ TEFL_DROPOUT_INLINE __m512i RoundBf16HiFromBf16(__m512 v) {
   return _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
 }
 
+// 32 bf16 of lo then hi, rounded to nearest even (NaN quieted), by
+// vcvtne2ps2bf16 where neither has a subnormal lane: that instruction reads
+// subnormals as 0, so those rare steps round by hand (RoundBf16Hi), bit for
+// bit the same. Inline asm as simd_io-inl.h's Cvtne2ps2bf16: no avx512bf16
+// target needed. Only where CpuHasAvx512Bf16() (DropArgs::native).
+TEFL_DROPOUT_INLINE __m512i PackBf16Native(__m512 lo, __m512 hi) {
+  // 0x20: subnormal; kortest: no mask moved to a general register.
+  if (HWY_UNLIKELY(!_kortestz_mask16_u8(_mm512_fpclass_ps_mask(lo, 0x20), _mm512_fpclass_ps_mask(hi, 0x20)))) {
+    const __m256i l = _mm512_cvtepi32_epi16(_mm512_srli_epi32(RoundBf16Hi(lo), 16));
+    const __m256i h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(RoundBf16Hi(hi), 16));
+    return _mm512_inserti64x4(_mm512_castsi256_si512(l), h, 1);
+  }
+  __m512i r;
+  asm("vcvtne2ps2bf16 %2, %1, %0" : "=v"(r) : "v"(hi), "v"(lo));
+  return r;
+}
+
 template <bool kStream>
 TEFL_DROPOUT_INLINE void Put64(void* p, __m512i v) {
   if constexpr (kStream) {
@@ -570,13 +596,24 @@ TEFL_DROPOUT_INLINE void Store16(__m512 v, T* p) {
 
 // Mask bytes and outputs of elements [e, e + 64) from their keep bits.
 // kStream: non-temporal stores of y (y + e 64-byte aligned), 2: also of the
-// mask (mask + e aligned too).
-template <class TX, class TY, int kStream>
-TEFL_DROPOUT_INLINE void Apply64(const DropArgs& args, int64_t e, uint64_t keep, __m512 scale) {
-  Put64<kStream == 2>(args.mask + e, _mm512_maskz_mov_epi8(keep, _mm512_set1_epi8(1)));
-  const TX* x = static_cast<const TX*>(args.x) + e;
-  TY* y = static_cast<TY*>(args.y) + e;
-  if constexpr (std::is_same_v<TX, bfloat16_t> && std::is_same_v<TY, bfloat16_t>) {
+// mask (mask + e aligned too). kNative (bf16 y only): PackBf16Native.
+// x, y and mask point at element e (the caller keeps them in registers: a
+// store through the uint8_t mask could alias DropArgs, so its fields would be
+// reloaded after every store).
+template <class TX, class TY, int kStream, bool kNative>
+TEFL_DROPOUT_INLINE void Apply64(const TX* x, TY* y, uint8_t* mask, uint64_t keep, __m512 scale) {
+  Put64<kStream == 2>(mask, _mm512_maskz_mov_epi8(keep, _mm512_set1_epi8(1)));
+  if constexpr (kNative) {
+    static_assert(std::is_same_v<TY, bfloat16_t>);
+    for (int h = 0; h < 2; ++h) {
+      // x * 0 rather than a zeroing multiply: a dropped NaN stays NaN, as in
+      // the other paths.
+      const __m512 y0 = _mm512_mul_ps(Load16(x + 32 * h), _mm512_maskz_mov_ps(__mmask16(keep >> (32 * h)), scale));
+      const __m512 y1 =
+          _mm512_mul_ps(Load16(x + 32 * h + 16), _mm512_maskz_mov_ps(__mmask16(keep >> (32 * h + 16)), scale));
+      Put64<(kStream > 0)>(y + 32 * h, PackBf16Native(y0, y1));
+    }
+  } else if constexpr (std::is_same_v<TX, bfloat16_t> && std::is_same_v<TY, bfloat16_t>) {
     const __m512i hi16 = _mm512_set1_epi32(int32_t(0xFFFF0000u));
     for (int h = 0; h < 2; ++h) {
       const __m512i v = _mm512_loadu_si512(x + 32 * h);
@@ -597,7 +634,7 @@ TEFL_DROPOUT_INLINE void Apply64(const DropArgs& args, int64_t e, uint64_t keep,
   }
 }
 
-template <class TX, class TY, int kStream>
+template <class TX, class TY, int kStream, bool kNative>
 TEFL_DROPOUT_TARGET int64_t DropoutFwdAvx512Steps(const DropArgs& args, int64_t e, int64_t e1) {
   PhiloxZmm z;
   InitPhiloxZmm(args, z);
@@ -605,9 +642,13 @@ TEFL_DROPOUT_TARGET int64_t DropoutFwdAvx512Steps(const DropArgs& args, int64_t 
   const uint64_t allow = args.threshold16 > 0xFFFFu ? 0 : ~uint64_t(0);
   const __m512 scale = _mm512_set1_ps(args.scale);
   const __m512i iota = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
+  const TX* const x = static_cast<const TX*>(args.x);
+  TY* const y = static_cast<TY*>(args.y);
+  uint8_t* const mask = args.mask;
+  const uint64_t group0 = args.group0;
   for (; e + 128 <= e1; e += 128) {
-    PrefetchAhead(static_cast<const TX*>(args.x) + e, 128 * sizeof(TX));  // simd_io-inl.h
-    const uint64_t g = args.group0 + uint64_t(e) / 8;
+    PrefetchAhead(x + e, 128 * sizeof(TX));  // simd_io-inl.h
+    const uint64_t g = group0 + uint64_t(e) / 8;
     uint64_t keep[2];
     if (HWY_LIKELY(uint32_t(g) <= UINT32_MAX - 15)) {
       if (HWY_UNLIKELY((g >> 32) != z.hi)) SetPhiloxHi(args, z, g >> 32);
@@ -616,17 +657,19 @@ TEFL_DROPOUT_TARGET int64_t DropoutFwdAvx512Steps(const DropArgs& args, int64_t 
       keep[0] = KeepBitsScalar(args, e, 64);
       keep[1] = KeepBitsScalar(args, e + 64, 64);
     }
-    Apply64<TX, TY, kStream>(args, e, keep[0], scale);
-    Apply64<TX, TY, kStream>(args, e + 64, keep[1], scale);
+    Apply64<TX, TY, kStream, kNative>(x + e, y + e, mask + e, keep[0], scale);
+    Apply64<TX, TY, kStream, kNative>(x + e + 64, y + e + 64, mask + e + 64, keep[1], scale);
   }
   if constexpr (kStream > 0) _mm_sfence();
   return e;
 }
 
-// fp32 outputs of at least this many bytes (y and mask) are written with
-// non-temporal stores: they would evict the cache anyway. Measured on Zen 4
-// at [8192, 4096] (docs/perf-softmax.md): ~12 % faster for fp32 y, ~5 %
-// slower for bf16 y (compute-bound there), so 16-bit outputs are not.
+// Outputs of at least this many bytes (y and mask) are written with
+// non-temporal stores: they would evict the cache anyway. On Zen 4 at
+// [8192, 4096] fp32 y was ~12 % faster, bf16 y ~5 % slower (compute-bound
+// there); on the Sapphire Rapids of session 27, with vcvtne2ps2bf16 and the
+// shuffle-port Philox, bf16 is 1.10-1.14x faster and fp16 level
+// (docs/perf-softmax.md), so every output dtype streams.
 constexpr int64_t kStreamBytes = int64_t(32) << 20;
 
 // Elements [b, end) (b a multiple of 8) by the scalar Philox.
@@ -645,11 +688,13 @@ void DropoutFwdScalar(const DropArgs& args, int64_t b, int64_t end) {
   }
 }
 
-template <class TX, class TY>
-TEFL_DROPOUT_TARGET void DropoutFwdAvx512T(const DropArgs& args, int64_t e0, int64_t e1) {
+// Elements [e0, e1): full steps by DropoutFwdAvx512Steps, with non-temporal
+// stores where `stream` and y (and then the mask) can be aligned.
+template <class TX, class TY, bool kNative>
+TEFL_DROPOUT_TARGET void DropoutFwdAvx512Run(const DropArgs& args, int64_t e0, int64_t e1, bool stream_large) {
   int64_t e = e0;
   int stream = 0;
-  if (sizeof(TY) == 4 && args.n * int64_t(sizeof(TY) + 1) >= kStreamBytes) {
+  if (stream_large) {
     // Stream y from its first 64-byte boundary (the head, whole groups of 8,
     // by the scalar Philox); the mask too where it is then aligned as well.
     const int64_t head_bytes = int64_t(64 - reinterpret_cast<uintptr_t>(static_cast<TY*>(args.y) + e0) % 64) % 64;
@@ -662,15 +707,24 @@ TEFL_DROPOUT_TARGET void DropoutFwdAvx512T(const DropArgs& args, int64_t e0, int
   }
   switch (stream) {
     case 2:
-      e = DropoutFwdAvx512Steps<TX, TY, 2>(args, e, e1);
+      e = DropoutFwdAvx512Steps<TX, TY, 2, kNative>(args, e, e1);
       break;
     case 1:
-      e = DropoutFwdAvx512Steps<TX, TY, 1>(args, e, e1);
+      e = DropoutFwdAvx512Steps<TX, TY, 1, kNative>(args, e, e1);
       break;
     default:
-      e = DropoutFwdAvx512Steps<TX, TY, 0>(args, e, e1);
+      e = DropoutFwdAvx512Steps<TX, TY, 0, kNative>(args, e, e1);
   }
   DropoutFwdScalar<TX, TY>(args, e, e1);  // the last < 128 elements
+}
+
+template <class TX, class TY>
+void DropoutFwdAvx512T(const DropArgs& args, int64_t e0, int64_t e1) {
+  const bool large = args.n * int64_t(sizeof(TY) + 1) >= kStreamBytes;
+  if constexpr (std::is_same_v<TY, bfloat16_t>) {
+    if (args.native) return DropoutFwdAvx512Run<TX, TY, true>(args, e0, e1, large);
+  }
+  DropoutFwdAvx512Run<TX, TY, false>(args, e0, e1, large);
 }
 
 template <class TX>
@@ -736,6 +790,7 @@ tefl_status* Run(const tefl_call_frame* f, bool fwd) {
     a.y = DataPtr(y);
     a.mask = static_cast<uint8_t*>(DataPtr(m));
     a.avx512 = fwd && TEFL_DROPOUT_AVX512 && PortablePathOn(PortablePath::kDropoutAvx512);
+    a.native = a.avx512 && a.ty == DType::kBF16 && PortablePathOn(PortablePath::kBf16Cvt);
     const int64_t groups = (a.n + 7) / 8;
     f->host->parallel_for(groups, kBlock / 8, Body, &a);
     return nullptr;
@@ -768,6 +823,7 @@ bool PortableDropoutFwdAtGroup(DType tx, DType ty, int64_t n, uint64_t first_gro
   a.y = y;
   a.mask = mask;
   a.avx512 = true;
+  a.native = ty == DType::kBF16 && PortablePathOn(PortablePath::kBf16Cvt);
   a.group0 = first_group;
   DropoutFwdAvx512(a, 0, n);
   return true;
