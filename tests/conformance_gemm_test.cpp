@@ -1262,6 +1262,32 @@ TEST(GemmConformanceSpecial, AmxTilesAcrossBoundaries) {
   }
 }
 
+// A bf16 D of >= 8 MiB is written from the AMX tiles with non-temporal
+// stores (full 64-byte rows; rows off a 64-byte boundary and the partial
+// last panel keep masked stores): its rows must be the bytes of the same
+// rows computed in a small call (plain stores; each row block's sums do not
+// depend on M), which is itself checked against the reference.
+TEST(GemmConformanceSpecial, AmxStreamedOutputMatchesSmallCall) {
+  const int64_t m = 2048, n = 2048 + 16, k = 40;  // D 8.06 MiB; every other row 64-byte aligned
+  Problem big = MakeGemm({DType::kBF16, DType::kBF16, DType::kBF16}, kEpilogues[1], m, n, k, false, false, "stream");
+  ASSERT_TRUE(big.Run("default.portable").ok());
+  auto at = [](const std::optional<Tensor>& t) { return static_cast<uint8_t*>(t->bytes()); };
+  for (int64_t r0 : {int64_t(0), m - 96}) {
+    SCOPED_TRACE(fmt::format("rows {}..{}", r0, r0 + 96));
+    Problem part = MakeGemm({DType::kBF16, DType::kBF16, DType::kBF16}, kEpilogues[1], 96, n, k, false, false, "part");
+    std::memcpy(at(part.in[kA]), at(big.in[kA]) + size_t(r0 * k) * 2, size_t(96 * k) * 2);
+    std::memcpy(at(part.in[kB]), at(big.in[kB]), size_t(k * n) * 2);
+    std::memcpy(at(part.in[kBias]), at(big.in[kBias]), size_t(n) * 2);
+    part.magnitude = MagnitudeOf(part, 96, n, k);
+    CheckAll(part);
+    if (::testing::Test::HasFatalFailure()) return;
+    Problem again = part;
+    ASSERT_TRUE(again.Run("default.portable").ok());
+    EXPECT_EQ(std::memcmp(at(big.out[kD]) + size_t(r0 * n) * 2, at(again.out[kD]), size_t(96 * n) * 2), 0);
+  }
+  EXPECT_TRUE(big.out[kD]->GuardsIntact());
+}
+
 TEST(GemmConformanceSpecial, ImplementationsCovered) {
   for (const char* op : {kGemm, kGrouped}) {
     const std::vector<std::string> ids = CpuImplementations(op);

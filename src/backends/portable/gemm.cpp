@@ -598,11 +598,14 @@ __attribute__((target("avx512f,avx512bw"))) void PackAAmxBody(void* ctx, int64_t
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 // The rows of a finished tile, acc [rows][kNR] fp32 sums (64-byte aligned):
 // C[rows, cols] (ld ldc) = alpha * acc + beta * C; with out16, instead
-// out16[rows, cols] (ld ldc) = bf16(alpha * acc + bias) and C is not touched.
+// out16[rows, cols] (ld ldc) = bf16(alpha * acc + bias) and C is not touched;
+// stream: full 64-byte-aligned out16 rows by non-temporal stores (the caller
+// fences).
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void StoreAccRows(const float* acc, int rows, int cols,
                                                                                   float alpha, float beta, float* c,
                                                                                   int64_t ldc, uint16_t* out16,
-                                                                                  const float* bias) {
+                                                                                  const float* bias,
+                                                                                  bool stream = false) {
   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
   const __mmask16 m0 = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
   const __mmask16 m1 = cols >= 32 ? __mmask16(0xFFFF) : cols <= 16 ? __mmask16(0) : __mmask16((1u << (cols - 16)) - 1);
@@ -621,7 +624,12 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void StoreAccRow
       // vcvtne2ps2bf16: round to nearest even, NaN quieted with its payload
       // kept (as FloatToBF16); an fp32 subnormal (|v| < 2^-126, only from
       // alpha or bias: the dot products already flush them) becomes 0.
-      _mm512_mask_storeu_epi16(row, m32, (__m512i)_mm512_cvtne2ps_pbh(v1, v0));
+      const __m512i h = (__m512i)_mm512_cvtne2ps_pbh(v1, v0);
+      if (stream && cols == kNR && reinterpret_cast<uintptr_t>(row) % 64 == 0) {
+        _mm512_stream_si512(reinterpret_cast<__m512i*>(row), h);
+      } else {
+        _mm512_mask_storeu_epi16(row, m32, h);
+      }
     }
     return;
   }
@@ -789,11 +797,18 @@ __attribute__((target("amx-tile,amx-bf16"), noinline)) void AmxBlock(const uint3
 // serves every row block from L1; the task's A rows and the group's B panels
 // stay in L2 across the task.
 constexpr int64_t kAmxChunkSteps = 8;
+// A bf16 D of at least this many bytes is written with non-temporal stores
+// (each full 32-column row of a block is one 64-byte line): it would not
+// stay in L2 anyway, and plain stores first read every line of D and push
+// the task's B panels out of L2. bench_gemm, alternated: 4096 x 4096 x 1024
+// ~10 % faster, 2048^3 (D 8 MiB) 5-7 % (docs/perf-gemm.md, session 27).
+constexpr int64_t kAmxStreamBytes = int64_t(8) << 20;
 void AmxBody(void* ctx, int64_t begin, int64_t end) {
   const auto& g = *static_cast<const Bf16Job*>(ctx);
   constexpr int64_t blocks_per_super = kSuperRows / kAmxRows;
   const int64_t steps = g.kpa / kAmxPairs;
   alignas(64) float acc[kSuperRows / kAmxRows][kAmxRows * kNR];
+  const bool stream = g.out16 != nullptr && g.m * g.n * 2 >= kAmxStreamBytes;
   AmxBegin();
   for (int64_t t = begin; t < end; ++t) {
     const int64_t grp = t / g.m_supers, sup = t % g.m_supers;
@@ -812,10 +827,11 @@ void AmxBody(void* ctx, int64_t begin, int64_t end) {
         const int rows = int(std::min<int64_t>(kAmxRows, g.m - blk * kAmxRows));
         const int64_t at = blk * kAmxRows * g.n + pan * kNR;
         StoreAccRows(acc[blk - b0], rows, cols, g.alpha, g.beta, g.out16 ? nullptr : g.c + at, g.n,
-                     g.out16 ? g.out16 + at : nullptr, g.bias ? g.bias + pan * kNR : nullptr);
+                     g.out16 ? g.out16 + at : nullptr, g.bias ? g.bias + pan * kNR : nullptr, stream);
       }
     }
   }
+  if (stream) _mm_sfence();
   AmxEnd();
 }
 
