@@ -803,24 +803,46 @@ constexpr int64_t kAmxChunkSteps = 8;
 // the task's B panels out of L2. bench_gemm, alternated: 4096 x 4096 x 1024
 // ~10 % faster, 2048^3 (D 8 MiB) 5-7 % (docs/perf-gemm.md, session 27).
 constexpr int64_t kAmxStreamBytes = int64_t(8) << 20;
+// Packed A of at least this many bytes: the next task's rows are prefetched
+// (AmxBody). 4096 x 4096 x 1024 4-5 % faster, 2048^3 level (bench_gemm,
+// alternated, session 27).
+constexpr int64_t kAmxPrefetchABytes = int64_t(2) << 20;
 void AmxBody(void* ctx, int64_t begin, int64_t end) {
   const auto& g = *static_cast<const Bf16Job*>(ctx);
   constexpr int64_t blocks_per_super = kSuperRows / kAmxRows;
   const int64_t steps = g.kpa / kAmxPairs;
   alignas(64) float acc[kSuperRows / kAmxRows][kAmxRows * kNR];
   const bool stream = g.out16 != nullptr && g.m * g.n * 2 >= kAmxStreamBytes;
+  const bool prefetch_a = g.m_blocks * g.kpa * kAmxRows * 4 >= kAmxPrefetchABytes;
   AmxBegin();
   for (int64_t t = begin; t < end; ++t) {
     const int64_t grp = t / g.m_supers, sup = t % g.m_supers;
     const int64_t p0 = grp * g.gp, p1 = std::min(g.n_panels, p0 + g.gp);
     const int64_t b0 = sup * blocks_per_super, b1 = std::min(g.m_blocks, b0 + blocks_per_super);
+    // The packed A rows of the group's next task (sup + 1, which this thread
+    // most likely runs next) are prefetched into L2 a few lines before each
+    // block's chunk: they were packed by either thread, so its first panel
+    // would otherwise wait on L3 for them tile by tile. Only for a packed A
+    // larger than an L2 (smaller ones stay cached: 512^3 was 5 % slower).
+    const char* pf = nullptr;
+    const char* pf_end = nullptr;
+    int64_t pf_lines = 0;
+    if (sup + 1 < g.m_supers && prefetch_a) {
+      const int64_t nb0 = b1, nb1 = std::min(g.m_blocks, nb0 + blocks_per_super);
+      pf = reinterpret_cast<const char*>(g.ap + size_t(nb0) * size_t(g.kpa) * kAmxRows);
+      pf_end = pf + size_t(nb1 - nb0) * size_t(g.kpa) * kAmxRows * 4;
+      const int64_t calls = (p1 - p0) * (b1 - b0) * ((steps + kAmxChunkSteps - 1) / kAmxChunkSteps);
+      pf_lines = ((pf_end - pf) / 64 + calls - 1) / calls;
+    }
     for (int64_t pan = p0; pan < p1; ++pan) {
       const uint32_t* bp = g.bp + size_t(pan) * size_t(g.kpa) * kNR;
       for (int64_t s0 = 0; s0 < steps; s0 += kAmxChunkSteps) {
         const int64_t ns = std::min(kAmxChunkSteps, steps - s0);
-        for (int64_t blk = b0; blk < b1; ++blk)
+        for (int64_t blk = b0; blk < b1; ++blk) {
+          for (int64_t i = 0; i < pf_lines && pf < pf_end; ++i, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
           AmxBlock(g.ap + size_t(blk) * size_t(g.kpa) * kAmxRows + size_t(s0) * (kAmxRows * kAmxPairs),
                    bp + size_t(s0) * (kAmxPairs * kNR), ns, acc[blk - b0], s0 == 0);
+        }
       }
       const int cols = int(std::min<int64_t>(kNR, g.n - pan * kNR));
       for (int64_t blk = b0; blk < b1; ++blk) {
