@@ -742,9 +742,12 @@ __attribute__((target("amx-tile"))) void AmxEnd() { _tile_release(); }
 // acc[kAmxRows][kNR] (+)= A block . B panel over `steps` K steps of
 // kAmxPairs pairs: `first` starts from zero, else from acc. Not inlined, and
 // fenced: GCC's tile intrinsics are asm statements that do not tell the
-// compiler which memory they read or write.
+// compiler which memory they read or write. pf: pf_per_step cache lines
+// per step are prefetched into L2 from there on (AmxBody), interleaved with
+// the tiles (a burst of prefetches stalls on the fill buffers).
 __attribute__((target("amx-tile,amx-bf16"), noinline)) void AmxBlock(const uint32_t* ap, const uint32_t* bp,
-                                                                     int64_t steps, float* acc, bool first) {
+                                                                     int64_t steps, float* acc, bool first,
+                                                                     const char* pf, int64_t pf_per_step) {
   asm volatile("" ::: "memory");
   if (first) {
     _tile_zero(0);
@@ -769,6 +772,7 @@ __attribute__((target("amx-tile,amx-bf16"), noinline)) void AmxBlock(const uint3
   for (int64_t st = 1; st < steps; ++st) {
     a += kAmxRows * kAmxPairs;
     b += kAmxPairs * kNR;
+    for (int64_t i = 0; i < pf_per_step; ++i, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
     _tile_dpbf16ps(0, 4, 6);
     _tile_dpbf16ps(1, 4, 7);
     _tile_loadd(4, a, kAmxPairs * 4);
@@ -839,9 +843,11 @@ void AmxBody(void* ctx, int64_t begin, int64_t end) {
       for (int64_t s0 = 0; s0 < steps; s0 += kAmxChunkSteps) {
         const int64_t ns = std::min(kAmxChunkSteps, steps - s0);
         for (int64_t blk = b0; blk < b1; ++blk) {
-          for (int64_t i = 0; i < pf_lines && pf < pf_end; ++i, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
+          // Lines for the steps after the first (AmxBlock's loop).
+          const int64_t per_step = pf < pf_end && ns > 1 ? (pf_lines + ns - 2) / (ns - 1) : 0;
           AmxBlock(g.ap + size_t(blk) * size_t(g.kpa) * kAmxRows + size_t(s0) * (kAmxRows * kAmxPairs),
-                   bp + size_t(s0) * (kAmxPairs * kNR), ns, acc[blk - b0], s0 == 0);
+                   bp + size_t(s0) * (kAmxPairs * kNR), ns, acc[blk - b0], s0 == 0, pf, per_step);
+          pf += per_step * (ns - 1) * 64;
         }
       }
       const int cols = int(std::min<int64_t>(kNR, g.n - pan * kNR));
