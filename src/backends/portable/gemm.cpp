@@ -482,22 +482,38 @@ void PackABody(void* ctx, int64_t begin, int64_t end) {
   if (hit) g.hit.store(true, std::memory_order_relaxed);
 }
 
+// Row pairs ahead whose lines PackBBody prefetches (the hardware prefetcher
+// does not follow its 2-row strides).
+constexpr int64_t kBPackAhead = 4;
 void PackBBody(void* ctx, int64_t begin, int64_t end) {
   auto& g = *static_cast<Bf16Job*>(ctx);
   const int64_t full_p = g.k / 2;
   bool hit = false;
+  if (!g.transb) {
+    // The full panels of the range, row pair by row pair across all of them:
+    // each row's part is read in one contiguous run (panel by panel, each
+    // 64-byte piece of a row was a separate page visit: row strides are
+    // often 4 KiB).
+    const int64_t full_end = std::min(end, g.n / kNR);
+    __mmask32 any = 0;
+    for (int64_t p = 0; p < full_p && begin < full_end; ++p) {
+      const uint16_t* r0 = g.b + 2 * p * g.n;
+      const uint16_t* ahead = r0 + (p + kBPackAhead < full_p ? 2 * kBPackAhead * g.n : 0);
+      for (int64_t pan = begin; pan < full_end; ++pan) {
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + pan * kNR), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + g.n + pan * kNR), _MM_HINT_T0);
+        any |=
+            PackBPair32(r0 + pan * kNR, r0 + g.n + pan * kNR, g.bp + (size_t(pan) * size_t(g.kpa) + size_t(p)) * kNR);
+      }
+    }
+    hit |= any != 0;
+  }
   for (int64_t pan = begin; pan < end; ++pan) {
     uint32_t* dst = g.bp + size_t(pan) * size_t(g.kpa) * kNR;
     int64_t p0 = 0;
     bool checked = false;
     if ((pan + 1) * kNR <= g.n) {  // a full panel
-      if (!g.transb) {
-        __mmask32 any = 0;
-        for (int64_t p = 0; p < full_p; ++p) {
-          const uint16_t* r0 = g.b + 2 * p * g.n + pan * kNR;
-          any |= PackBPair32(r0, r0 + g.n, dst + p * kNR);
-        }
-        hit |= any != 0;
+      if (!g.transb) {             // packed above
         checked = g.kp == full_p;
       } else {  // B is [N, K]: column j of op(B) is row j, K contiguous
         for (int j0 = 0; j0 < kNR; j0 += 8) {
@@ -546,7 +562,11 @@ __attribute__((target("avx512f,avx512bw"))) void PackAAmxBody(void* ctx, int64_t
           if (r < rows) {  // every step holds at least one element of K (kpa < kp + kAmxPairs)
             const int64_t left = g.k - 2 * kAmxPairs * c;
             const __mmask32 m = left >= 32 ? __mmask32(~0u) : __mmask32((1u << left) - 1);
-            v = _mm512_maskz_loadu_epi16(m, g.a + (i0 + r) * g.k + 2 * kAmxPairs * c);
+            const uint16_t* src = g.a + (i0 + r) * g.k + 2 * kAmxPairs * c;
+            // 8 lines ahead in A's row-major stream (into the next row at a
+            // row's end; a prefetch past A's end is harmless).
+            _mm_prefetch(reinterpret_cast<const char*>(src) + 512, _MM_HINT_T0);
+            v = _mm512_maskz_loadu_epi16(m, src);
             any |= Subnormal32(v);
           }
           _mm512_storeu_si512(dst + c * kChunkWords + r * kAmxPairs, v);
