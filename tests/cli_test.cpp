@@ -354,6 +354,25 @@ TEST(Cli, CheckPassesTheBuiltins) {
   for (const auto& res : j["results"]) EXPECT_EQ(res["result"], "PASS") << res.dump();
 }
 
+// A --shape that a named op cannot take is an error (it printed "0 cases"
+// and exited 0), as in explain; over every op, the ops that cannot take it
+// are skipped, and none at all is an error naming each family's form.
+TEST(Cli, CheckRejectsAShapeTheOpCannotTake) {
+  Result r = Tefl("check --impl default.portable --op scaled_softmax_forward --shape 4,4");
+  ExpectOneErrorLine(r,
+                     "no call of scaled_softmax_forward with shape 4,4 can be built (softmax ops take --shape "
+                     "b,h,sq,sk (4 sizes))",
+                     1);
+  EXPECT_EQ(r.out, "");
+  r = Tefl("check --impl default.portable --op generic_gemm --op scaled_softmax_forward --shape 2,2,2");
+  ExpectOneErrorLine(r, "no call of generic_gemm with shape 2,2,2 can be built (gemm ops take --shape M,K", 1);
+  r = Tefl("check --impl default.portable --op scaled_softmax_forward --op rmsnorm_fwd --shape 3,17 --json");
+  ASSERT_EQ(r.code, 1) << r.err;  // softmax named: an error even though rmsnorm_fwd could run
+  r = Tefl("check --impl default.portable --shape 2,2,4,4 --quiet");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("without a built-in grid"), std::string::npos) << r.out;
+}
+
 TEST(Cli, CheckFailsAWrongImplementationAndNamesTheCase) {
   const Result r = Tefl("check --quiet --plugin " + Plugin("wrong"));
   EXPECT_EQ(r.code, 1);

@@ -63,6 +63,11 @@ class Float8Quantizer:
     amax: Any
     dtype: DType = DType.kFloat8E4M3
 
+    def __post_init__(self):
+        # A bad dtype is named here, when the quantizer is made, not at the
+        # first op that uses it.
+        _quantizer_dtype(self, "Float8Quantizer")
+
 
 def _gemm_operand(x, what: str):
     """x, checked to be a 2-D tensor (or Float8Tensor), in the caller's terms."""
@@ -113,6 +118,22 @@ def _fp8_operand(x, scale_inv, what: str):
     return x, scale_inv
 
 
+def _window_pair(w, default, where: str):
+    """TE's window_size, (left, right) with None or -1 for unbounded, as two
+    ints; None gives `default`."""
+    if w is None:
+        return default
+    import numbers
+
+    try:
+        left, right = w
+    except (TypeError, ValueError):
+        left = right = "bad"
+    if not all(v is None or (isinstance(v, numbers.Integral) and not isinstance(v, bool)) for v in (left, right)):
+        raise ValueError(f"{where} must be None or a pair (left, right) of ints (-1 or None: unbounded), got {w!r}")
+    return tuple(-1 if v is None else int(v) for v in (left, right))
+
+
 def _quantizer_dtype(q, op: str = "generic_gemm") -> str:
     if not (hasattr(q, "scale") and hasattr(q, "amax")):
         raise TypeError(f"{op}: a quantizer needs 'scale' and 'amax' tensors and an FP8 'dtype' "
@@ -121,9 +142,13 @@ def _quantizer_dtype(q, op: str = "generic_gemm") -> str:
     try:
         return _FP8_NAMES[DType(int(d))]
     except (ValueError, KeyError, TypeError):
-        name = dtype_name(d)
+        try:
+            name = dtype_name(d)
+        except (ValueError, KeyError, TypeError):
+            name = None
         if name not in _FP8_NAMES.values():
-            raise ValueError(f"{op}: quantizer.dtype must be an FP8 DType, got {d!r}") from None
+            raise ValueError(f"{op}: quantizer.dtype must be DType.kFloat8E4M3 or DType.kFloat8E5M2 (or the "
+                             f"float8_e4m3fn / float8_e5m2 dtype), got {d!r}") from None
         return name
 
 
@@ -289,7 +314,8 @@ def attention_backend(attention_params=None, manager=None) -> Dict[str, Any]:
         raise TypeError(f"attention_backend: attention_params must be TE's AttentionParams, a dict of its fields "
                         f"or None, got {type(p).__name__}")
     dtype = _param(p, "qkv_dtype", "dtype")
-    window = _param(p, "window_size", default=None) or (-1, -1)
+    window = _window_pair(_param(p, "window_size", default=None), (-1, -1),
+                          "attention_backend: attention_params.window_size")
     params = {
         "dtype": dtype_name(dtype) if dtype is not None else "float32",
         "qkv_format": _format_of(_param(p, "qkv_format", "qkv_layout"), "attention_backend: attention_params.qkv_format"),
@@ -303,8 +329,8 @@ def attention_backend(attention_params=None, manager=None) -> Dict[str, Any]:
         "head_dim_v": int(_param(p, "head_dim_v", default=0) or _param(p, "head_dim_qk", default=64)),
         "mask_type": _enum_value(_param(p, "attn_mask_type", "mask_type"), _MASKS, "mask type",
                                  "attention_backend: attention_params.attn_mask_type"),
-        "window_left": int(window[0]) if window[0] is not None else -1,
-        "window_right": int(window[1]) if window[1] is not None else -1,
+        "window_left": window[0],
+        "window_right": window[1],
         "softmax_type": _enum_value(_param(p, "softmax_type"), _SOFTMAX, "softmax type",
                                     "attention_backend: attention_params.softmax_type"),
         "dropout": float(_param(p, "attention_dropout", "dropout", default=0.0) or 0.0),
@@ -385,9 +411,8 @@ class FlashAttention:
                 attn_mask_type="causal", window_size=None, softmax_offset=None, softmax_type="vanilla", **kwargs):
         fmt = _format_of(qkv_layout, "FlashAttention: qkv_layout")
         mask = _enum_value(attn_mask_type, _MASKS, "mask type", "FlashAttention: attn_mask_type")
-        wl, wr = (window_size if window_size is not None else (-1, 0 if mask in (2, 3, 4, 5) else -1))
-        attrs = dict(qkv_format=fmt, mask_type=mask, window_left=-1 if wl is None else int(wl),
-                     window_right=-1 if wr is None else int(wr),
+        wl, wr = _window_pair(window_size, (-1, 0 if mask in (2, 3, 4, 5) else -1), "FlashAttention: window_size")
+        attrs = dict(qkv_format=fmt, mask_type=mask, window_left=wl, window_right=wr,
                      softmax_type=_enum_value(softmax_type, _SOFTMAX, "softmax type", "FlashAttention: softmax_type"),
                      scale=self.softmax_scale,
                      dropout=self.attention_dropout if self.training else 0.0, is_training=bool(self.training))

@@ -269,3 +269,33 @@ def test_attention_parameter_errors_name_the_function_and_field():
     q = torch.randn(4, 1, 2, 8)
     with pytest.raises(ValueError, match="FlashAttention: attn_mask_type: unknown mask type 'diagonal'"):
         tefl.FlashAttention(0.35)(q, q, q, qkv_layout="sbhd_sbhd_sbhd", attn_mask_type="diagonal")
+
+
+def test_window_size_must_be_a_pair_of_ints():
+    # A bare int gave "'int' object is not subscriptable", a string int()'s own message.
+    for bad in (5, (1, 2, 3), "ab", (1.5, 0), (True, 0)):
+        with pytest.raises(ValueError, match=r"attention_backend: attention_params.window_size must be None or a "
+                                             r"pair \(left, right\) of ints"):
+            tefl.get_attention_backend({"window_size": bad})
+    q = torch.randn(4, 1, 2, 8)
+    with pytest.raises(ValueError, match=r"FlashAttention: window_size must be None or a pair"):
+        tefl.FlashAttention(0.35)(q, q, q, qkv_layout="sbhd_sbhd_sbhd", attn_mask_type="no_mask", window_size=3)
+    # None and -1 both mean unbounded; a left window of 2 over 4 positions masks the first one of the last row.
+    full = tefl.FlashAttention(0.35)(q, q, q, qkv_layout="sbhd_sbhd_sbhd", attn_mask_type="no_mask",
+                                     window_size=(None, -1))
+    assert torch.equal(full, tefl.FlashAttention(0.35)(q, q, q, qkv_layout="sbhd_sbhd_sbhd", attn_mask_type="no_mask"))
+    banded = tefl.FlashAttention(0.35)(q, q, q, qkv_layout="sbhd_sbhd_sbhd", attn_mask_type="no_mask",
+                                       window_size=(2, 0))
+    assert not torch.equal(full, banded)
+    assert tefl.get_attention_backend({"window_size": (3, None)})[0]
+
+
+def test_float8_quantizer_dtype_is_checked_when_made():
+    # Float8Quantizer(dtype=99) used to fail later with "99 is not a valid DType" (no op, no argument).
+    with pytest.raises(ValueError, match=r"Float8Quantizer: quantizer.dtype must be DType.kFloat8E4M3 or "
+                                         r"DType.kFloat8E5M2 \(or the float8_e4m3fn / float8_e5m2 dtype\), got 99"):
+        tefl.Float8Quantizer(torch.ones(1), torch.zeros(1), dtype=99)
+    with pytest.raises(ValueError, match=r"Float8Quantizer: quantizer.dtype must be .*got torch.bfloat16"):
+        tefl.Float8Quantizer(torch.ones(1), torch.zeros(1), dtype=torch.bfloat16)
+    assert tefl.Float8Quantizer(torch.ones(1), torch.zeros(1), dtype=torch.float8_e5m2).dtype == torch.float8_e5m2
+    assert tefl.Float8Quantizer(torch.ones(1), torch.zeros(1)).dtype == tefl.DType.kFloat8E4M3

@@ -180,8 +180,13 @@ SelectionPolicy SelectionPolicy::FromEnv(std::vector<std::string>* warnings, con
     }
   }
   if (const char* v = get("TE_FL_DENY_VENDORS"); v && !Trim(v).empty()) {
-    p.deny_ = ParseVendorList(v);
-    p.sources_["deny_vendors"] = "TE_FL_DENY_VENDORS";
+    auto deny = ParseVendorList(v);
+    if (deny.empty()) {  // separators only, e.g. ' , ': as ALLOW, said rather than silent
+      warn(std::string("Ignoring TE_FL_DENY_VENDORS='") + v + "': it names no vendor");
+    } else {
+      p.deny_ = std::move(deny);
+      p.sources_["deny_vendors"] = "TE_FL_DENY_VENDORS";
+    }
   }
   if (const char* v = get("TE_FL_ALLOW_VENDORS"); v) {
     auto allow = ParseVendorList(v);

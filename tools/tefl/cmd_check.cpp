@@ -90,6 +90,11 @@ void AddCheckCommand(CLI::App& app) {
       }
       const std::vector<check::Case> cases = check::BuiltinCases(it.op->name, o);
       if (cases.empty()) {
+        // A shape the op cannot take is the caller's mistake when the op was
+        // named (over every op, each one that cannot take it is skipped).
+        if (o.shape && !args->ops.empty())
+          throw CliError(fmt::format("no call of {} with shape {} can be built ({} ops take --shape {})", it.op->name,
+                                     args->shape, it.op->family, ShapeForm(it.op->family)));
         ++no_grid;
         continue;
       }
@@ -123,6 +128,14 @@ void AddCheckCommand(CLI::App& app) {
       }
     }
     if (progress) std::fprintf(stderr, "\r\033[K");
+    if (o.shape && results.empty()) {
+      std::string forms;  // each selected family's --shape form, once
+      for (const Item& it : items) {
+        const std::string form = fmt::format("{} ops take {}", it.op->family, ShapeForm(it.op->family));
+        if (forms.find(form) == std::string::npos) forms += (forms.empty() ? "" : "; ") + form;
+      }
+      throw CliError(fmt::format("no call with shape {} can be built for any selected op ({})", args->shape, forms));
+    }
     if (args->json) {
       nlohmann::json j;
       j["results"] = nlohmann::json::array();
