@@ -253,6 +253,10 @@ class OpSignature:
         has_outs = any(role == "outs" for _, role, _ in self.params)
         nout = len(self.outs)
         alloc_lines: List[str] = []
+        quant = [py for py, role, _ in self.params if role == "quantizer"]
+        fused_q = mode == "manager" and quant and _has_fp8_variant(self.name)
+        main_out = (self.returns[0] if self.returns else 0) if fused_q else None
+        main_name = None
         for k, n in enumerate(self.outs):
             given = out_param.get(n)
             if given is None and has_outs:
@@ -283,11 +287,17 @@ class OpSignature:
                     alloc = f"_like({ref})"  # torch.empty_like is 2x cheaper than torch.empty
                 else:
                     alloc = f"_empty({ref}, {shape}, {dtype})"
+            if k == main_out:  # with a quantizer: the caller's own output, if any (see _quantized)
+                main_name = out_param.get(n) or ("out" if has_outs else None)
+                alloc_lines.append(f"__qgiven = {given if given is not None else 'None'}")
             if cond is not None:
                 alloc_lines.append(f"_o{k} = {given if given is not None else 'None'}")
                 alloc_lines.append(f"if _o{k} is None and ({cond}): _o{k} = {alloc}")
             elif given is None:
                 alloc_lines.append(f"_o{k} = {alloc}")
+            elif k == main_out:  # a Float8Tensor given: _quantized writes it; allocate the plain output only if asked
+                alloc_lines.append(f"_o{k} = __qgiven")
+                alloc_lines.append(f"if _o{k} is None or {quant[0]} is not None: _o{k} = {alloc}")
             else:
                 alloc_lines.append(f"_o{k} = {given}")
                 alloc_lines.append(f"if _o{k} is None: _o{k} = {alloc}")
@@ -303,13 +313,12 @@ class OpSignature:
         I = tup([f"_i{j}" for j in range(len(self.ins))])
         O = tup([f"_o{k}" for k in range(nout)])
         A = tup([f"_a{k}" for k in range(len(self.attrs))])
-        quant = [py for py, role, _ in self.params if role == "quantizer"]
-        if mode == "manager" and quant and _has_fp8_variant(self.name):
+        if fused_q:
             # TE's quantizer: the op's fused FP8 variant (<op>_fp8) runs instead
             # and the main output comes back as a Float8Tensor.
             rets_q = tup([f"_o{k}" if k is not None else "None" for k in self.returns])
             body.append(f"if {quant[0]} is not None: return _quantized({self.name!r}, {quant[0]}, __call, {I}, {O}, "
-                        f"{A}, __pget(), {rets_q}, {self.returns[0] if self.returns else 0!r})")
+                        f"{A}, __pget(), {rets_q}, {main_out!r}, __qgiven, {main_name!r})")
         body.append(f"__call(__id, {I}, {O}, {A}, __pget())" if mode == "manager" else
                     f"__call(__ref, __id, {I}, {O}, {A})")
         rets = [f"_o{k}" if k is not None else "None" for k in self.returns]
@@ -604,21 +613,42 @@ def _no_quantizer(op, param, mode="manager"):
                               f"with tefl.quantize)")
 
 
-def _quantized(op, quantizer, call, inputs, outputs, attrs, policy, returns, main):
+def _quantized(op, quantizer, call, inputs, outputs, attrs, policy, returns, main, given=None, given_name=None):
     """Runs <op>_fp8 with the quantizer's scale; the quantizer's amax is
     written; returns the base op's return layout with the main output a
-    Float8Tensor."""
+    Float8Tensor. `given`: the caller's main output (ln_out=, out=), which
+    then receives the FP8 codes: a Float8Tensor (its scale_inv is written
+    too) or a tensor of the quantizer's FP8 dtype; anything else is an
+    error (it was ignored: the codes went to a fresh tensor)."""
     from ._te_api import Float8Tensor, _quantizer_dtype
 
     schema = BY_NAME[op + "_fp8"]
     fp8 = _quantizer_dtype(quantizer, op)
     ref = outputs[main]
-    z = _empty(ref, tuple(ref.shape), fp8)
-    scale_inv = _empty(ref, (1,), "float32")
+    if given is not None:
+        f8 = hasattr(given, "_data") and hasattr(given, "_scale_inv")
+        data = given._data if f8 else given
+        have = getattr(data, "dtype", None)
+        try:
+            have_name = dtype_name(have)
+        except (TypeError, ValueError, KeyError):
+            have_name = repr(have)
+        if have_name != fp8:
+            raise ValueError(f"{op}: argument '{given_name}': with a quantizer the output holds {fp8} codes (a "
+                             f"Float8Tensor or a {fp8} tensor, or None for a new one), got "
+                             f"{type(given).__name__} of dtype {have_name}")
+        z = data
+        scale_inv = given._scale_inv if f8 else _empty(data, (1,), "float32")
+    else:
+        z = _empty(ref, tuple(ref.shape), fp8)
+        scale_inv = _empty(ref, (1,), "float32")
     outs = list(outputs)
     outs[main] = z
     call(schema["id"], tuple(inputs) + (quantizer.scale,), tuple(outs) + (quantizer.amax, scale_inv), attrs, policy)
     q = Float8Tensor(z, scale_inv, DType.kFloat8E4M3 if fp8 == "float8_e4m3fn" else DType.kFloat8E5M2)
+    if given is not None and hasattr(given, "_data") and hasattr(given, "_scale_inv"):
+        given._fp8_dtype = q._fp8_dtype
+        q = given
     return tuple(q if r is ref else r for r in returns) if isinstance(returns, tuple) and len(returns) > 1 else q
 
 

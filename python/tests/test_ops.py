@@ -152,6 +152,34 @@ def test_quantizer_runs_the_fused_fp8_variant(manager):
                                rtol=0.26, atol=0)
 
 
+def test_quantizer_writes_the_callers_ln_out(manager):
+    # ln_out= with a quantizer was ignored (the codes went to a fresh tensor): it now receives them, as a
+    # Float8Tensor (scale_inv too) or a tensor of the quantizer's FP8 dtype, and anything else is an error.
+    x, w = torch.randn(6, 32), torch.rand(32) + 0.5
+    q = tefl.Float8Quantizer(scale=torch.tensor([8.0]), amax=torch.zeros(1))
+    fresh, _, _ = manager.call("rmsnorm_fwd", x, w, 1e-5, None, q)
+    codes = torch.zeros(6, 32, dtype=torch.float8_e4m3fn)
+    y, _, _ = manager.call("rmsnorm_fwd", x, w, 1e-5, codes, q)
+    assert y._data is codes and torch.equal(codes.view(torch.uint8), fresh._data.view(torch.uint8))
+    f8 = tefl.Float8Tensor(torch.zeros(6, 32, dtype=torch.float8_e4m3fn), torch.zeros(1))
+    y2, _, _ = manager.call("rmsnorm_fwd", x, w, 1e-5, f8, q)
+    assert y2 is f8 and torch.equal(f8._data.view(torch.uint8), fresh._data.view(torch.uint8))
+    torch.testing.assert_close(f8._scale_inv, torch.tensor([0.125]))
+    for bad in (torch.empty(6, 32), torch.empty(6, 32, dtype=torch.float8_e5m2)):
+        with pytest.raises(ValueError, match=r"rmsnorm_fwd: argument 'ln_out': with a quantizer the output holds "
+                                             r"float8_e4m3fn codes"):
+            manager.call("rmsnorm_fwd", x, w, 1e-5, bad, q)
+    with pytest.raises(ValueError, match=r"argument 'ln_out' \(output 0\): expected shape \[6, 32\]"):
+        manager.call("rmsnorm_fwd", x, w, 1e-5, torch.empty(5, 32, dtype=torch.float8_e4m3fn), q)
+    # layernorm_fwd alike; the caller's plain output without a quantizer is still written as before
+    lq = tefl.Float8Quantizer(scale=torch.tensor([4.0]), amax=torch.zeros(1))
+    codes = torch.zeros(6, 32, dtype=torch.float8_e4m3fn)
+    z, mu, rs = manager.call("layernorm_fwd", x, w, torch.zeros(32), 1e-5, codes, lq)
+    assert z._data is codes and mu.shape == (6,) and bool(codes.view(torch.uint8).any())
+    plain = torch.empty(6, 32)
+    assert manager.call("rmsnorm_fwd", x, w, 1e-5, plain)[0] is plain
+
+
 def test_quantizer_is_rejected_clearly(manager):
     with pytest.raises(NotImplementedError, match="gelu: 'quantizer' must be None .*no fused FP8 variant"):
         manager.call("gelu", torch.randn(2, 8), object())
