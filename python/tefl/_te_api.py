@@ -342,7 +342,53 @@ def attention_backend(attention_params=None, manager=None) -> Dict[str, Any]:
         params["seqlen_q"] *= params["batch"]
         params["seqlen_kv"] *= params["batch"]
     core_mgr = mgr._m
-    return core_mgr.attention_backend(params, _policy_var.get())
+    r = core_mgr.attention_backend(params, _policy_var.get())
+    missing = _unsupported_attention_features(lambda n: _param(p, n), "attention_params")
+    if missing:
+        # Every candidate would compute something else: not available.
+        why = "tefl's attention has no " + "; no ".join(missing)
+        r = dict(r, available=False, impl_id=None, fallbacks=[], chain=[],
+                 error=why if not r.get("error") else why + "; " + r["error"], text=why)
+    return r
+
+
+# TE features tefl's attention does not compute, as (field, is_set, what):
+# a call or query that sets one is refused rather than run without it.
+_ATTENTION_FEATURES = (
+    ("core_attention_bias_type", lambda v: v not in (None, "no_bias"), "attention bias"),
+    ("core_attention_bias", lambda v: v is not None, "attention bias"),
+    ("alibi_slopes_shape", lambda v: v is not None, "ALiBi slopes"),
+    ("alibi_slopes", lambda v: v is not None, "ALiBi slopes"),
+    ("fp8", bool, "FP8 attention"),
+    ("fp8_output", bool, "FP8 attention output"),
+    ("pad_between_seqs", bool, "padding between thd sequences"),
+    ("return_max_logit", bool, "max-logit output"),
+    ("context_parallel", bool, "context parallelism"),
+    ("cp_group", lambda v: v is not None, "context parallelism"),
+    ("inference_params", lambda v: v is not None, "KV-cache inference"),
+)
+
+
+# TE's FlashAttention/DotProductAttention forward keywords besides those
+# forward names: accepted, and refused by _unsupported_attention_features
+# when they ask for a feature tefl lacks; the rest carry no meaning here.
+_FLASH_KWARGS = frozenset({f for f, _, _ in _ATTENTION_FEATURES} | {
+    "cp_global_ranks", "cp_stream", "cp_comm_type", "fp8_meta", "quantizers", "flash_attention_backend",
+    "core_attention_bias_requires_grad", "checkpoint_core_attention", "fast_zero_fill", "is_first_microbatch"})
+
+
+def _unsupported_attention_features(get, where: str):
+    """'where.field=value (what)' for each set feature of _ATTENTION_FEATURES."""
+    out = []
+    for field, is_set, what in _ATTENTION_FEATURES:
+        v = get(field)
+        try:
+            hit = v is not None and is_set(v)
+        except Exception:  # e.g. a tensor's truth value: set
+            hit = True
+        if hit:
+            out.append(f"{what} ({where}.{field}={v!r})" if not hasattr(v, "shape") else f"{what} ({where}.{field})")
+    return out
 
 
 def get_attention_backend(attention_params=None):
@@ -409,6 +455,13 @@ class FlashAttention:
     def forward(self, query_layer, key_layer, value_layer, attention_mask=None, qkv_layout="sbh3d",
                 cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None,
                 attn_mask_type="causal", window_size=None, softmax_offset=None, softmax_type="vanilla", **kwargs):
+        unknown = sorted(set(kwargs) - _FLASH_KWARGS)
+        if unknown:
+            raise TypeError(f"FlashAttention.forward: unexpected keyword argument(s) {', '.join(map(repr, unknown))} "
+                            f"(known besides the named ones: {', '.join(sorted(_FLASH_KWARGS))})")
+        missing = _unsupported_attention_features(kwargs.get, "FlashAttention.forward")
+        if missing:
+            raise NotImplementedError("tefl's attention has no " + "; no ".join(missing))
         fmt = _format_of(qkv_layout, "FlashAttention: qkv_layout")
         mask = _enum_value(attn_mask_type, _MASKS, "mask type", "FlashAttention: attn_mask_type")
         wl, wr = _window_pair(window_size, (-1, 0 if mask in (2, 3, 4, 5) else -1), "FlashAttention: window_size")

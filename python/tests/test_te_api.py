@@ -271,6 +271,36 @@ def test_attention_parameter_errors_name_the_function_and_field():
         tefl.FlashAttention(0.35)(q, q, q, qkv_layout="sbhd_sbhd_sbhd", attn_mask_type="diagonal")
 
 
+def test_attention_features_tefl_lacks_are_not_available_and_refused():
+    # get_attention_backend said "available" for a bias, ALiBi, FP8, ...; FlashAttention.forward dropped a bias or
+    # a misspelled keyword silently.
+    base = dict(batch_size=1, num_heads=2, max_seqlen_q=4, max_seqlen_kv=4, head_dim_qk=8, qkv_format="sbhd",
+                attn_mask_type="no_mask")
+    assert tefl.get_attention_backend(base)[0]
+    assert tefl.get_attention_backend(dict(base, core_attention_bias_type="no_bias", fp8=False))[0]
+    for field, value, what in (("core_attention_bias_type", "post_scale_bias", "attention bias"),
+                               ("alibi_slopes_shape", (2,), "ALiBi slopes"), ("fp8", True, "FP8 attention"),
+                               ("pad_between_seqs", True, "padding between thd sequences"),
+                               ("return_max_logit", True, "max-logit output")):
+        params = dict(base, **{field: value})
+        assert tefl.get_attention_backend(params) == (False, None, False, None, True, [False, False, True]), field
+        why = tefl.attention_backend(params)
+        assert not why["available"] and f"tefl's attention has no {what} (attention_params.{field}=" in why["error"]
+    q = torch.randn(4, 1, 2, 8)
+    attn = tefl.FlashAttention(0.35)
+    with pytest.raises(TypeError, match=r"FlashAttention.forward: unexpected keyword argument\(s\) 'attn_mask_typ'"):
+        attn(q, q, q, qkv_layout="sbhd_sbhd_sbhd", attn_mask_typ="no_mask")
+    with pytest.raises(NotImplementedError, match=r"tefl's attention has no attention bias "
+                                                  r"\(FlashAttention.forward.core_attention_bias\)"):
+        attn(q, q, q, qkv_layout="sbhd_sbhd_sbhd", attn_mask_type="no_mask", core_attention_bias=torch.zeros(1))
+    with pytest.raises(NotImplementedError, match=r"no ALiBi slopes"):
+        attn(q, q, q, qkv_layout="sbhd_sbhd_sbhd", attn_mask_type="no_mask", alibi_slopes=torch.ones(2))
+    # TE's keywords at their defaults (or with no meaning here) are accepted
+    out = attn(q, q, q, qkv_layout="sbhd_sbhd_sbhd", attn_mask_type="no_mask", core_attention_bias_type="no_bias",
+               alibi_slopes=None, fp8=False, cp_group=None, cp_comm_type="p2p", inference_params=None)
+    assert torch.equal(out, attn(q, q, q, qkv_layout="sbhd_sbhd_sbhd", attn_mask_type="no_mask"))
+
+
 def test_window_size_must_be_a_pair_of_ints():
     # A bare int gave "'int' object is not subscriptable", a string int()'s own message.
     for bad in (5, (1, 2, 3), "ab", (1.5, 0), (True, 0)):
