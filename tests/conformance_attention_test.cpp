@@ -830,6 +830,22 @@ TEST(AttentionApi, GetAttentionBackendNamesTheServingImplAndRejections) {
   b = tefl::GetAttentionBackend(p);
   EXPECT_FALSE(b.available);
   EXPECT_NE(b.error.find("argument 'k'"), std::string::npos) << b.error;
+  // thd without cu_seqlens: the even lengths it synthesizes must fit int32
+  // (they wrapped into negative values the caller never passed).
+  tefl::AttentionParams big;
+  big.qkv_format = TEFL_QKV_THD;
+  big.mask_type = TEFL_ATTN_MASK_PADDING;
+  big.batch = 100000;
+  big.seqlen_q = big.seqlen_kv = int64_t(100000) * 100000;
+  b = tefl::GetAttentionBackend(big);
+  EXPECT_FALSE(b.available);
+  EXPECT_EQ(b.resolution.op_name, "fused_attn_fwd");
+  EXPECT_EQ(b.error,
+            "100000 sequences of 100000 q tokens (10000000000 in all) exceed what int32 cu_seqlens can hold "
+            "(2147483647 tokens)");
+  big.seqlen_q = 100000;  // 1 token per sequence; kv still too many
+  b = tefl::GetAttentionBackend(big);
+  EXPECT_NE(b.error.find("100000 kv tokens"), std::string::npos) << b.error;
 }
 
 TEST(AttentionApi, FlashAttentionAllocatesOrUsesCallerOutputs) {

@@ -3,8 +3,10 @@
 // FlashAttentionBackward (one op call, outputs allocated when not given).
 #include <fmt/format.h>
 
+#include <climits>
 #include <cstring>
 #include <deque>
+#include <tuple>
 #include <utility>
 
 #include "tefl/attention.hpp"
@@ -144,6 +146,18 @@ AttentionBackend GetAttentionBackend(const AttentionParams& p, OpManager& manage
   if (thd || IsPaddingMask(p.mask_type)) {
     const int64_t per_q = thd ? (b > 0 ? p.seqlen_q / b : 0) : p.seqlen_q;
     const int64_t per_kv = thd ? (b > 0 ? p.seqlen_kv / b : 0) : p.seqlen_kv;
+    // Synthesized cumulative lengths are int32, as the op's: totals past
+    // INT32_MAX would wrap into values the caller never passed.
+    for (const auto& [given, per, side] :
+         {std::tuple{&p.cu_seqlens_q, per_q, "q"}, std::tuple{&p.cu_seqlens_kv, per_kv, "kv"}}) {
+      if (given->empty() && b > 0 && per > INT32_MAX / b) {
+        r.resolution.op_name = p.backward ? "fused_attn_bwd" : "fused_attn_fwd";
+        r.error = fmt::format(
+            "{} sequences of {} {} tokens ({} in all) exceed what int32 cu_seqlens can hold (2147483647 tokens)", b,
+            per, side, b * per);
+        return r;
+      }
+    }
     cu_q = d.AddI32(CuOrEven(p.cu_seqlens_q, b, per_q));
     cu_kv = d.AddI32(CuOrEven(p.cu_seqlens_kv, b, per_kv));
   }
