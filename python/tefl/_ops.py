@@ -257,6 +257,8 @@ class OpSignature:
         fused_q = mode == "manager" and quant and _has_fp8_variant(self.name)
         main_out = (self.returns[0] if self.returns else 0) if fused_q else None
         main_name = None
+        if fused_q:
+            alloc_lines.append("__qgiven = None")  # set below from the caller's main output, if any
         for k, n in enumerate(self.outs):
             given = out_param.get(n)
             if given is None and has_outs:
