@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 import re
 import sys
 from dataclasses import dataclass
@@ -123,8 +124,6 @@ def _window_pair(w, default, where: str):
     ints; None gives `default`."""
     if w is None:
         return default
-    import numbers
-
     try:
         left, right = w
     except (TypeError, ValueError):

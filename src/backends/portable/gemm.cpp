@@ -557,12 +557,13 @@ __attribute__((target("avx512f,avx512bw"))) void PackAAmxBody(void* ctx, int64_t
     if (!g.transa) {
       __mmask32 any = 0;
       for (int r = 0; r < kAmxRows; ++r) {
+        const uint16_t* row = g.a + (i0 + r) * g.k;
         for (int64_t c = 0; c < chunks; ++c) {
           __m512i v = _mm512_setzero_si512();
           if (r < rows) {  // every step holds at least one element of K (kpa < kp + kAmxPairs)
             const int64_t left = g.k - 2 * kAmxPairs * c;
             const __mmask32 m = left >= 32 ? __mmask32(~0u) : __mmask32((1u << left) - 1);
-            const uint16_t* src = g.a + (i0 + r) * g.k + 2 * kAmxPairs * c;
+            const uint16_t* src = row + 2 * kAmxPairs * c;
             // 8 lines ahead in A's row-major stream (into the next row at a
             // row's end; a prefetch past A's end is harmless).
             _mm_prefetch(reinterpret_cast<const char*>(src) + 512, _MM_HINT_T0);
