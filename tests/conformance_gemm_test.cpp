@@ -1288,6 +1288,62 @@ TEST(GemmConformanceSpecial, AmxStreamedOutputMatchesSmallCall) {
   EXPECT_TRUE(big.out[kD]->GuardsIntact());
 }
 
+// default.portable's own fp32 tiles (AVX-512; 12 x 32 register tiles, K in
+// chunks of 2048, GEMMs of at least 24 x 64 and 2^23 multiply-adds): partial
+// row blocks and column panels, a K past one chunk and not a multiple of 8,
+// K smaller than a transpose block, every transpose, C with alpha and beta,
+// beta = 0 with C, accumulate, bias + GELU; FP8 and fp16 operands (converted
+// to fp32 first) and an fp16 D. The same bytes again on 1 and 3 threads
+// (ctest GemmThreads1/3 run this too) and from two threads at once.
+TEST(GemmConformanceSpecial, F32TilesAcrossBoundaries) {
+  std::printf("[  NOTE    ] own fp32 tiles %s\n",
+              tefl::backends::PortablePathOn(tefl::backends::PortablePath::kGemmF32Avx512) ? "on" : "off (OpenBLAS)");
+  const Shape shapes[] = {{203, 120, 2100}, {24, 64, 5462}, {1000, 1000, 9}, {385, 150, 200}};
+  const int epilogues[] = {0, 4, 5, 6, 2};  // plain, c_alpha_beta, c_bias_beta0, accumulate, gelu_bias_pre
+  for (const Shape& sh : shapes)
+    for (int t = 0; t < 4; ++t)
+      for (int epi : epilogues) {
+        if (epi != 0 && t != (sh.k == 9 ? 3 : 0)) continue;  // the epilogues on one layout per shape
+        const bool ta = t & 1, tb = t & 2;
+        SCOPED_TRACE(fmt::format("{}x{}x{} transa={} transb={} {}", sh.m, sh.n, sh.k, ta, tb, kEpilogues[epi].name));
+        Problem p = MakeGemm({DType::kF32, DType::kF32, DType::kF32}, kEpilogues[epi], sh.m, sh.n, sh.k, ta, tb,
+                             fmt::format("f32t{}{}{}", sh.m, sh.n, sh.k));
+        CheckAll(p);
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+  for (const DTypes& dt :
+       {DTypes{DType::kE4M3, DType::kE5M2, DType::kF32}, DTypes{DType::kF16, DType::kF16, DType::kF16}}) {
+    SCOPED_TRACE(fmt::format("{} x {} -> {}", Short(dt.a), Short(dt.b), Short(dt.d)));
+    Problem p = MakeGemm(dt, kEpilogues[1], 203, 120, 2100, false, true, "f32conv");
+    CheckAll(p);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  // beta = 0 does not read C (BLAS): NaN there stays out of D.
+  {
+    Problem p = MakeGemm({DType::kF32, DType::kF32, DType::kF32}, kEpilogues[5], 203, 120, 2100, false, false, "f32nan");
+    for (int64_t i = 0; i < p.in[kC]->numel(); ++i) static_cast<float*>(p.in[kC]->bytes())[i] = std::nanf("");
+    CheckAll(p);
+    ASSERT_TRUE(p.Run("default.portable").ok());
+    for (int64_t i = 0; i < p.out[kD]->numel(); ++i) ASSERT_TRUE(std::isfinite(p.out[kD]->at(i))) << "D[" << i << "]";
+  }
+  // The same bytes on every call, sequential or concurrent.
+  Problem p = MakeGemm({DType::kF32, DType::kF32, DType::kF32}, kEpilogues[1], 385, 129, 2500, false, false, "f32same");
+  Problem first = p;
+  ASSERT_TRUE(first.Run("default.portable").ok());
+  std::vector<Problem> runs(4, p);
+  std::vector<bool> ok(runs.size(), false);
+  auto body = [&](size_t i0) {
+    for (size_t i = i0; i < runs.size(); i += 2) ok[i] = runs[i].Run("default.portable").ok();
+  };
+  std::thread other(body, size_t(1));
+  body(0);
+  other.join();
+  for (size_t i = 0; i < runs.size(); ++i) {
+    ASSERT_TRUE(ok[i]) << "call " << i;
+    EXPECT_TRUE(runs[i].out[kD]->SameBytes(*first.out[kD])) << "call " << i;
+  }
+}
+
 TEST(GemmConformanceSpecial, ImplementationsCovered) {
   for (const char* op : {kGemm, kGrouped}) {
     const std::vector<std::string> ids = CpuImplementations(op);

@@ -19,7 +19,7 @@
 namespace tefl::backends {
 namespace {
 
-enum class Needs { kNothing, kAvx512Bf16, kAvx512Bmi2, kAmxBf16 };
+enum class Needs { kNothing, kAvx512, kAvx512Bf16, kAvx512Bmi2, kAmxBf16 };
 struct PathInfo {
   const char* env;
   Needs needs;
@@ -32,11 +32,12 @@ constexpr PathInfo kPaths[] = {
     {"TEFL_PORTABLE_DROPOUT_AVX512", Needs::kAvx512Bmi2},  // kDropoutAvx512
     {"TEFL_PORTABLE_BF16_ACT_TABLE", Needs::kNothing},     // kBf16ActTable
     {"TEFL_PORTABLE_GEMM_AMX", Needs::kAmxBf16},           // kGemmAmx
+    {"TEFL_PORTABLE_GEMM_F32_AVX512", Needs::kAvx512},     // kGemmF32Avx512
 };
 static_assert(sizeof(kPaths) / sizeof(kPaths[0]) == size_t(PortablePath::kCount));
 
 // Per path: -1 not read yet, else 0/1.
-std::atomic<int> g_state[size_t(PortablePath::kCount)] = {-1, -1, -1, -1, -1, -1};
+std::atomic<int> g_state[size_t(PortablePath::kCount)] = {-1, -1, -1, -1, -1, -1, -1};
 
 }  // namespace
 
@@ -103,6 +104,11 @@ bool CpuHasAvx512Core() {
 }
 }  // namespace
 
+bool CpuHasAvx512() {
+  static const bool has = CpuHasAvx512Core();
+  return has;
+}
+
 bool CpuHasAvx512Bf16() {
   static const bool has = CpuHasAvx512Core() && TEFL_CPU_SUPPORTS("avx512bf16");
   return has;
@@ -134,6 +140,8 @@ bool CpuHasAmxBf16() {
 
 static bool CpuHas(Needs needs) {
   switch (needs) {
+    case Needs::kAvx512:
+      return CpuHasAvx512();
     case Needs::kAvx512Bf16:
       return CpuHasAvx512Bf16();
     case Needs::kAvx512Bmi2:

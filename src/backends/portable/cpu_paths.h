@@ -20,6 +20,8 @@ enum class PortablePath : int {
                    // data read 64 Ki-entry tables of the fp32 results (AVX2 and SSE4 targets)
   kGemmAmx,        // TEFL_PORTABLE_GEMM_AMX: bf16 x bf16 GEMM tiles by AMX tdpbf16ps (AMX-TILE/BF16 and AVX512-BF16;
                    // off: the vdpbf16ps tiles)
+  kGemmF32Avx512,  // TEFL_PORTABLE_GEMM_F32_AVX512: fp32 GEMM by tefl's own packing and 12 x 32 AVX-512 register
+                   // tiles (AVX512-F/BW/VL/DQ; off: OpenBLAS's cblas_sgemm)
   kCount
 };
 
@@ -37,6 +39,9 @@ CpuIsaCap ApplyMaxCpuIsa();  // idempotent; called before any kernel runs
 // The Highway target that dynamic dispatch picks now (e.g. "AVX3_DL").
 const char* PortableTargetName();
 
+// AVX512-F/BW/VL/DQ (x86-64 with GCC or clang; else false), and
+// TEFL_MAX_CPU_ISA allows AVX-512.
+bool CpuHasAvx512();
 // AVX512-F/BW/VL/DQ and AVX512-BF16 (x86-64 with GCC or clang; else false),
 // and TEFL_MAX_CPU_ISA allows AVX-512.
 bool CpuHasAvx512Bf16();

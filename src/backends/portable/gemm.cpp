@@ -177,11 +177,13 @@ tefl_status* Status(const tefl_call_frame* f, int32_t code, const char* what) no
 // kWorkspaceKeepBytes in them frees them on return.
 constexpr size_t kWorkspaceKeepBytes = size_t(256) << 20;
 struct Workspace {
-  std::vector<float> a, b, bias, scratch;
+  std::vector<float> a, b, bias, scratch, packed32;
   std::vector<uint32_t> packed;
   std::vector<double> sums;  // bias_grad accumulators
   size_t Bytes() const {
-    return (a.capacity() + b.capacity() + bias.capacity() + scratch.capacity() + packed.capacity()) * 4 +
+    return (a.capacity() + b.capacity() + bias.capacity() + scratch.capacity() + packed32.capacity() +
+            packed.capacity()) *
+               4 +
            sums.capacity() * 8;
   }
 };
@@ -283,8 +285,8 @@ std::mutex& BlasMutex() {
   return mu;
 }
 
-void Sgemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-           const float* b, float beta, float* c) {
+void BlasSgemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+               const float* b, float beta, float* c) {
   static int threads_set = 0;  // guarded by BlasMutex
   const std::lock_guard<std::mutex> lock(BlasMutex());
   const int want = std::max(1, int(f->host->num_threads()));
@@ -1070,36 +1072,35 @@ struct alignas(64) FusedGroup {
   std::atomic<int64_t> next_super{0};  // the group's next unclaimed row task
   std::atomic<bool> b_claimed{false};  // its B panels are being / have been packed
 };
+// A Job for FusedSchedule has n_groups, m_supers and an atomic<bool> hit
+// (set by packing to stop before any tile), and the overloads
+// FusedPackB(job, group), FusedPackA(job, super) and FusedRun(job, group, super).
+template <class Job>
 struct FusedCtx {
-  Bf16Job* g;
+  Job* g;
   int64_t parts;
   std::vector<FusedGroup> groups;
   alignas(64) std::atomic<int64_t> next_a{0};
   alignas(64) std::atomic<int64_t> packed_units{0};
 };
-void Bf16FusedBody(void* ctx, int64_t begin, int64_t end) {
-  auto& x = *static_cast<FusedCtx*>(ctx);
-  Bf16Job& g = *x.g;
-  const int64_t blocks_per_super = kSuperRows / g.mr;
+template <class Job>
+void FusedScheduleBody(void* ctx, int64_t begin, int64_t end) {
+  auto& x = *static_cast<FusedCtx<Job>*>(ctx);
+  Job& g = *x.g;
   const int64_t ng = g.n_groups, units = g.m_supers + ng;
   auto pack_b = [&](int64_t v) {
     if (x.groups[size_t(v)].b_claimed.exchange(true, std::memory_order_relaxed)) return;
-    PackBBody(&g, v * g.gp, std::min(g.n_panels, (v + 1) * g.gp));
+    FusedPackB(g, v);
     x.packed_units.fetch_add(1, std::memory_order_release);
   };
   auto run_group = [&](int64_t v) {
     for (int64_t s; (s = x.groups[size_t(v)].next_super.fetch_add(1, std::memory_order_relaxed)) < g.m_supers;)
-      (g.amx ? AmxBody : Bf16DirectBody)(&g, v * g.m_supers + s, v * g.m_supers + s + 1);
+      FusedRun(g, v, s);
   };
   for (int64_t t = begin; t < end; ++t) {  // one participant (several when run inline)
     for (int64_t v = t; v < ng; v += x.parts) pack_b(v);
     for (int64_t u; (u = x.next_a.fetch_add(1, std::memory_order_relaxed)) < g.m_supers;) {
-      if (g.row_a) {  // A read in place: only its subnormal check
-        const int64_t r0 = u * kSuperRows, r1 = std::min(g.m, r0 + kSuperRows);
-        if (AnySubnormalBf16(g.a + r0 * g.k, (r1 - r0) * g.k)) g.hit.store(true, std::memory_order_relaxed);
-      } else {
-        PackABlocks(g, u * blocks_per_super, std::min(g.m_blocks, (u + 1) * blocks_per_super));
-      }
+      FusedPackA(g, u);
       x.packed_units.fetch_add(1, std::memory_order_release);
     }
     for (int64_t v = 0; v < ng; ++v) pack_b(v);
@@ -1114,6 +1115,28 @@ void Bf16FusedBody(void* ctx, int64_t begin, int64_t end) {
     for (int64_t v = t; v < ng; v += x.parts) run_group(v);
     for (int64_t i = 1; i <= ng; ++i) run_group((t + i) % ng);
   }
+}
+template <class Job>
+void FusedSchedule(const tefl_call_frame* f, Job& g) {
+  FusedCtx<Job> x;
+  x.g = &g;
+  x.parts = std::max<int64_t>(1, f->host->num_threads());
+  x.groups = std::vector<FusedGroup>(size_t(g.n_groups));
+  f->host->parallel_for(x.parts, 1, FusedScheduleBody<Job>, &x);
+}
+
+void FusedPackB(Bf16Job& g, int64_t v) { PackBBody(&g, v * g.gp, std::min(g.n_panels, (v + 1) * g.gp)); }
+void FusedPackA(Bf16Job& g, int64_t u) {
+  if (g.row_a) {  // A read in place: only its subnormal check
+    const int64_t r0 = u * kSuperRows, r1 = std::min(g.m, r0 + kSuperRows);
+    if (AnySubnormalBf16(g.a + r0 * g.k, (r1 - r0) * g.k)) g.hit.store(true, std::memory_order_relaxed);
+  } else {
+    const int64_t blocks_per_super = kSuperRows / g.mr;
+    PackABlocks(g, u * blocks_per_super, std::min(g.m_blocks, (u + 1) * blocks_per_super));
+  }
+}
+void FusedRun(Bf16Job& g, int64_t v, int64_t s) {
+  (g.amx ? AmxBody : Bf16DirectBody)(&g, v * g.m_supers + s, v * g.m_supers + s + 1);
 }
 
 // out16 = bf16(alpha * op(A) op(B) + bias) in one fork-join, packing
@@ -1131,12 +1154,300 @@ bool Bf16FusedDirect(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int6
   g.out16 = out16;
   g.bias = bias;
   g.row_a = !amx && !ta && k % 2 == 0 && reinterpret_cast<uintptr_t>(a) % 4 == 0;
-  FusedCtx x;
-  x.g = &g;
-  x.parts = std::max<int64_t>(1, f->host->num_threads());
-  x.groups = std::vector<FusedGroup>(size_t(g.n_groups));
-  f->host->parallel_for(x.parts, 1, Bf16FusedBody, &x);
+  FusedSchedule(f, g);
   return !g.hit.load();
+}
+
+// ---- fp32 on AVX-512: own packing and 12 x 32 register tiles -----------------------
+// On the Sapphire Rapids machine of sessions 26-28, OpenBLAS 0.3.21's
+// SkylakeX sgemm was 6-10 % slower than torch's MKL on one core, too slow
+// for issue #6's goal; this 12 x 32 register tile (24 zmm sums, B's two
+// vectors loaded, A's twelve values broadcast) runs at ~95 % of the FMA
+// peak with its operands in L1/L2 (docs/perf-gemm.md). op(A) is packed per
+// K chunk into blocks of kF32MR rows (see F32AChunk), op(B) into panels of
+// kF32NR columns ([K][kF32NR]); the pads past M and N are zeros (never
+// stored). K is walked in chunks of kF32Kc: one panel's chunk (32 KiB) stays
+// in L1 while a task's row blocks pass over it; the first chunk applies
+// C = alpha * sum + beta * C (beta = 0: C not read, as BLAS), later ones
+// C += alpha * sum. Every element of D is summed in the same order whatever
+// the thread count or schedule. Tasks and packing run in one fork-join
+// (FusedSchedule, as the bf16 path). Used when PortablePathOn(kGemmF32Avx512)
+// and the GEMM is at least kF32MinRows x kF32MinCols with kF32MinWork
+// multiply-adds; else OpenBLAS.
+constexpr int kF32MR = 12, kF32NR = 32;
+constexpr int64_t kF32Kc = 2048;
+constexpr int64_t kF32SuperBlocks = 3;                   // row blocks per task (36 rows)
+constexpr int64_t kF32GroupBytes = int64_t(1024) << 10;  // packed B per task's column group
+constexpr int64_t kF32MinRows = 2 * kF32MR, kF32MinCols = 64, kF32MinWork = int64_t(1) << 23;
+
+bool UseOwnF32(int64_t m, int64_t n, int64_t k) {
+  return m >= kF32MinRows && n >= kF32MinCols && m * n * k >= kF32MinWork &&
+         PortablePathOn(PortablePath::kGemmF32Avx512);
+}
+
+// Floats of packed operands for an M x N x K fp32 GEMM, with the slack that
+// puts packed A and packed B each on a 64-byte boundary (B's panels are read
+// by aligned loads).
+size_t F32PackedFloats(int64_t m, int64_t n, int64_t k) {
+  const size_t rows = size_t((m + kF32MR - 1) / kF32MR) * kF32MR, cols = size_t((n + kF32NR - 1) / kF32NR) * kF32NR;
+  return (rows + cols) * size_t(k) + 32;
+}
+
+struct F32Job {
+  int64_t m, n, k;
+  bool transa, transb;
+  const float* a;  // [M, K] ([K, M] with transa)
+  const float* b;  // [K, N] ([N, K] with transb)
+  float* ap;       // [m_blocks][K][kF32MR]
+  float* bp;       // [n_panels][K][kF32NR]
+  float alpha, beta;
+  float* c;  // [M, N]
+  int64_t m_blocks, n_panels, m_supers, n_groups, gp;
+  std::atomic<bool> hit{false};  // FusedSchedule's interface; packing fp32 never fails
+};
+
+// dst[q * ldd + i] = src[i * lds + q] for an 8 x 8 block (AVX).
+__attribute__((target("avx2"))) inline void Transpose8x8F32(const float* src, int64_t lds, float* dst, int64_t ldd) {
+  __m256 r[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * lds);
+  __m256 u[8];
+  for (int h = 0; h < 8; h += 4) {
+    const __m256 t0 = _mm256_unpacklo_ps(r[h], r[h + 1]), t1 = _mm256_unpackhi_ps(r[h], r[h + 1]);
+    const __m256 t2 = _mm256_unpacklo_ps(r[h + 2], r[h + 3]), t3 = _mm256_unpackhi_ps(r[h + 2], r[h + 3]);
+    u[h] = _mm256_shuffle_ps(t0, t2, 0x44);      // columns 0 | 4 of rows h..h+3
+    u[h + 1] = _mm256_shuffle_ps(t0, t2, 0xEE);  // 1 | 5
+    u[h + 2] = _mm256_shuffle_ps(t1, t3, 0x44);  // 2 | 6
+    u[h + 3] = _mm256_shuffle_ps(t1, t3, 0xEE);  // 3 | 7
+  }
+  for (int q = 0; q < 4; ++q) {
+    _mm256_storeu_ps(dst + q * ldd, _mm256_permute2f128_ps(u[q], u[q + 4], 0x20));
+    _mm256_storeu_ps(dst + (q + 4) * ldd, _mm256_permute2f128_ps(u[q], u[q + 4], 0x31));
+  }
+}
+// dst[q * ldd + i] = src[i * lds + q] for a 4 x 8 block (4 rows, 8 columns).
+__attribute__((target("avx2"))) inline void Transpose4x8F32(const float* src, int64_t lds, float* dst, int64_t ldd) {
+  const __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + lds);
+  const __m256 r2 = _mm256_loadu_ps(src + 2 * lds), r3 = _mm256_loadu_ps(src + 3 * lds);
+  const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+  const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+  const __m256 u[4] = {_mm256_shuffle_ps(t0, t2, 0x44), _mm256_shuffle_ps(t0, t2, 0xEE),
+                       _mm256_shuffle_ps(t1, t3, 0x44), _mm256_shuffle_ps(t1, t3, 0xEE)};
+  for (int q = 0; q < 4; ++q) {
+    _mm_storeu_ps(dst + q * ldd, _mm256_castps256_ps128(u[q]));
+    _mm_storeu_ps(dst + (q + 4) * ldd, _mm256_extractf128_ps(u[q], 1));
+  }
+}
+
+// Packed A of row block blk, K chunk k0 (a multiple of kF32Kc): each
+// block's chunk is [kc][kF32MR] (the tile's twelve broadcasts of one k are
+// one 48-byte run); chunks are stored one after another, each holding every
+// block in order, so a task's row blocks of one chunk are one contiguous run.
+float* F32AChunk(const F32Job& g, int64_t k0, int64_t blk) {
+  const int64_t kc = std::min(kF32Kc, g.k - k0);
+  return g.ap + size_t(k0) * size_t(g.m_blocks) * kF32MR + size_t(blk) * size_t(kc) * kF32MR;
+}
+
+// Packs op(A) row blocks [b0, b1).
+__attribute__((target("avx2,avx512f"))) void F32PackA(const F32Job& g, int64_t b0, int64_t b1) {
+  const int64_t k = g.k;
+  for (int64_t blk = b0; blk < b1; ++blk) {
+    const int64_t i0 = blk * kF32MR;
+    const int rows = int(std::min<int64_t>(kF32MR, g.m - i0));
+    for (int64_t k0 = 0; k0 < k; k0 += kF32Kc) {
+      const int64_t k1 = std::min(k, k0 + kF32Kc);
+      float* dst = F32AChunk(g, k0, blk) - k0 * kF32MR;  // indexed by the absolute kk
+      if (g.transa) {                                    // A is [K, M]: the block's values of one k are contiguous
+        const __mmask16 mask = __mmask16((1u << rows) - 1);
+        for (int64_t kk = k0; kk < k1; ++kk)
+          _mm512_mask_storeu_ps(dst + kk * kF32MR, 0x0FFF, _mm512_maskz_loadu_ps(mask, g.a + kk * g.m + i0));
+        continue;
+      }
+      const float* src = g.a + i0 * k;
+      int64_t kk = k0;
+      if (rows == kF32MR) {
+        for (; kk + 8 <= k1; kk += 8) {
+          Transpose8x8F32(src + kk, k, dst + kk * kF32MR, kF32MR);
+          Transpose4x8F32(src + 8 * k + kk, k, dst + kk * kF32MR + 8, kF32MR);
+        }
+      }
+      for (; kk < k1; ++kk)
+        for (int i = 0; i < kF32MR; ++i) dst[kk * kF32MR + i] = i < rows ? src[i * k + kk] : 0.0f;
+    }
+  }
+}
+
+// Packs op(B) column panels [p0, p1).
+__attribute__((target("avx2,avx512f"))) void F32PackB(const F32Job& g, int64_t p0, int64_t p1) {
+  const int64_t k = g.k;
+  for (int64_t pan = p0; pan < p1; ++pan) {
+    float* dst = g.bp + size_t(pan) * size_t(k) * kF32NR;
+    const int64_t j0 = pan * kF32NR;
+    const int cols = int(std::min<int64_t>(kF32NR, g.n - j0));
+    if (!g.transb) {  // B is [K, N]: a panel row is 32 contiguous values
+      const __mmask16 m0 = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
+      const __mmask16 m1 = cols >= 32 ? __mmask16(0xFFFF) : cols > 16 ? __mmask16((1u << (cols - 16)) - 1) : 0;
+      for (int64_t kk = 0; kk < k; ++kk) {
+        const float* s = g.b + kk * g.n + j0;
+        _mm512_store_ps(dst + kk * kF32NR, _mm512_maskz_loadu_ps(m0, s));
+        _mm512_store_ps(dst + kk * kF32NR + 16, _mm512_maskz_loadu_ps(m1, s + 16));
+      }
+      continue;
+    }
+    const float* src = g.b + j0 * k;  // B is [N, K]: the panel's columns are rows of K
+    int64_t kk = 0;
+    if (cols == kF32NR) {
+      for (; kk + 8 <= k; kk += 8)
+        for (int jb = 0; jb < kF32NR; jb += 8) Transpose8x8F32(src + jb * k + kk, k, dst + kk * kF32NR + jb, kF32NR);
+    }
+    for (; kk < k; ++kk)
+      for (int j = 0; j < kF32NR; ++j) dst[kk * kF32NR + j] = j < cols ? src[j * k + kk] : 0.0f;
+  }
+}
+
+// A run of cache lines to prefetch into L2 while a tile runs: `lines`
+// lines from `p`, one per k step (a tile's operands are L2 reads; what
+// comes from L3 while it runs is the next tiles' data, fetched here so
+// that they do not wait on L3 latency: streamed from L3 the tile ran at
+// ~75 % of its rate with L2 operands).
+struct F32Prefetch {
+  const char* p = nullptr;
+  int64_t lines = 0;
+};
+
+// One 12 x 32 tile over kc steps of packed A (ap, [kc][12]) and B (bp,
+// [kc][32], 64-byte aligned), stored into the first `rows` x `cols` of c:
+// first: c = alpha * sum + beta * c (c not read when beta = 0); else
+// c += alpha * sum. pa, pb: prefetched on the way (pa.lines, pb.lines <= kc).
+__attribute__((target("avx512f"))) void F32Tile(const float* ap, const float* bp, int64_t kc, float* c, int64_t ldc,
+                                                int rows, int cols, float alpha, float beta, bool first, F32Prefetch pa,
+                                                F32Prefetch pb) {
+  __m512 acc[kF32MR][2];
+  for (auto& row : acc) row[0] = row[1] = _mm512_setzero_ps();
+  for (int64_t kk = 0; kk < kc; ++kk) {
+    if (kk < pa.lines) _mm_prefetch(pa.p + kk * 64, _MM_HINT_T1);
+    if (kk < pb.lines) _mm_prefetch(pb.p + kk * 64, _MM_HINT_T1);
+    const __m512 b0 = _mm512_load_ps(bp), b1 = _mm512_load_ps(bp + 16);
+#pragma GCC unroll 12
+    for (int i = 0; i < kF32MR; ++i) {
+      const __m512 ai = _mm512_set1_ps(ap[i]);
+      acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
+      acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
+    }
+    ap += kF32MR;
+    bp += kF32NR;
+  }
+  const __mmask16 m0 = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
+  const __mmask16 m1 = cols >= 32 ? __mmask16(0xFFFF) : cols > 16 ? __mmask16((1u << (cols - 16)) - 1) : 0;
+  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  const bool read_c = !first || beta != 0.0f;
+#pragma GCC unroll 12
+  for (int i = 0; i < kF32MR; ++i) {
+    if (i >= rows) break;
+    float* p = c + i * ldc;
+    __m512 r0 = _mm512_mul_ps(va, acc[i][0]), r1 = _mm512_mul_ps(va, acc[i][1]);
+    if (read_c) {
+      const __m512 c0 = _mm512_maskz_loadu_ps(m0, p), c1 = _mm512_maskz_loadu_ps(m1, p + 16);
+      r0 = first ? _mm512_fmadd_ps(vb, c0, r0) : _mm512_add_ps(c0, r0);
+      r1 = first ? _mm512_fmadd_ps(vb, c1, r1) : _mm512_add_ps(c1, r1);
+    }
+    _mm512_mask_storeu_ps(p, m0, r0);
+    _mm512_mask_storeu_ps(p + 16, m1, r1);
+  }
+}
+
+// Task (column group v, row super s) of F32Job g: K chunk by chunk; in a
+// chunk, panel by panel (its 32 KiB of B in L1), the super's row blocks
+// (their A chunk in L2). While a chunk runs, the next A run (the super's
+// next chunk, or after the last chunk the next super's first) and each
+// panel's successor B chunk are prefetched into L2, spread over the tiles.
+void F32Task(const F32Job& g, int64_t v, int64_t s) {
+  const int64_t p0 = v * g.gp, p1 = std::min(g.n_panels, p0 + g.gp);
+  const int64_t b0 = s * kF32SuperBlocks, b1 = std::min(g.m_blocks, b0 + kF32SuperBlocks);
+  const int64_t tiles = (p1 - p0) * (b1 - b0);
+  for (int64_t k0 = 0; k0 < g.k; k0 += kF32Kc) {
+    const int64_t kc = std::min(kF32Kc, g.k - k0);
+    // The A run to prefetch during this chunk.
+    const char* a_next = nullptr;
+    int64_t a_lines = 0;
+    if (k0 + kF32Kc < g.k) {
+      const int64_t nk = std::min(kF32Kc, g.k - k0 - kF32Kc);
+      a_next = reinterpret_cast<const char*>(F32AChunk(g, k0 + kF32Kc, b0));
+      a_lines = (b1 - b0) * nk * kF32MR * 4 / 64;
+    } else if (b1 < g.m_blocks) {
+      const int64_t nb1 = std::min(g.m_blocks, b1 + kF32SuperBlocks);
+      a_next = reinterpret_cast<const char*>(F32AChunk(g, 0, b1));
+      a_lines = (nb1 - b1) * std::min(kF32Kc, g.k) * kF32MR * 4 / 64;
+    }
+    const int64_t a_per_tile = std::min(kc, (a_lines + tiles - 1) / tiles);
+    int64_t t = 0;
+    for (int64_t pan = p0; pan < p1; ++pan) {
+      const float* bp = g.bp + size_t(pan) * size_t(g.k) * kF32NR + size_t(k0) * kF32NR;
+      const int cols = int(std::min<int64_t>(kF32NR, g.n - pan * kF32NR));
+      // This panel's successor: the next panel's chunk, or the first panel's next chunk.
+      const float* b_next = pan + 1 < p1 ? bp + size_t(g.k) * kF32NR
+                            : k0 + kF32Kc < g.k
+                                ? g.bp + size_t(p0) * size_t(g.k) * kF32NR + size_t(k0 + kF32Kc) * kF32NR
+                                : nullptr;
+      const int64_t b_lines = b_next ? kc * kF32NR * 4 / 64 : 0;
+      const int64_t b_per_tile = std::min(kc, (b_lines + (b1 - b0) - 1) / (b1 - b0));
+      for (int64_t blk = b0; blk < b1; ++blk, ++t) {
+        const int rows = int(std::min<int64_t>(kF32MR, g.m - blk * kF32MR));
+        F32Prefetch pa, pb;
+        if (t * a_per_tile < a_lines)
+          pa = {a_next + t * a_per_tile * 64, std::min(a_per_tile, a_lines - t * a_per_tile)};
+        const int64_t bt = (blk - b0) * b_per_tile;
+        if (bt < b_lines) pb = {reinterpret_cast<const char*>(b_next) + bt * 64, std::min(b_per_tile, b_lines - bt)};
+        F32Tile(F32AChunk(g, k0, blk), bp, kc, g.c + blk * kF32MR * g.n + pan * kF32NR, g.n, rows, cols, g.alpha,
+                g.beta, k0 == 0, pa, pb);
+      }
+    }
+  }
+}
+
+void FusedPackB(F32Job& g, int64_t v) { F32PackB(g, v * g.gp, std::min(g.n_panels, (v + 1) * g.gp)); }
+void FusedPackA(F32Job& g, int64_t u) {
+  F32PackA(g, u * kF32SuperBlocks, std::min(g.m_blocks, (u + 1) * kF32SuperBlocks));
+}
+void FusedRun(F32Job& g, int64_t v, int64_t s) { F32Task(g, v, s); }
+
+// c = alpha * op(A) op(B) + beta * c by the own kernel; packed holds
+// F32PackedFloats(m, n, k) floats (no allocation here but the schedule's
+// per-group counters).
+void OwnSgemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+              const float* b, float beta, float* c, std::vector<float>& packed) {
+  F32Job g;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.transa = ta;
+  g.transb = tb;
+  g.a = a;
+  g.b = b;
+  g.alpha = alpha;
+  g.beta = beta;
+  g.c = c;
+  g.m_blocks = (m + kF32MR - 1) / kF32MR;
+  g.n_panels = (n + kF32NR - 1) / kF32NR;
+  g.m_supers = (g.m_blocks + kF32SuperBlocks - 1) / kF32SuperBlocks;
+  g.gp = std::max<int64_t>(1, kF32GroupBytes / (k * kF32NR * 4));
+  // At least two column groups per thread: each thread packs its own groups' B first.
+  const int64_t parts = std::max<int64_t>(1, f->host->num_threads());
+  while (g.gp > 1 && (g.n_panels + g.gp - 1) / g.gp < 2 * parts) g.gp = (g.gp + 1) / 2;
+  g.n_groups = (g.n_panels + g.gp - 1) / g.gp;
+  const uintptr_t base = reinterpret_cast<uintptr_t>(packed.data());
+  g.ap = packed.data() + ((64 - base % 64) % 64) / sizeof(float);
+  g.bp = g.ap + (size_t(g.m_blocks) * size_t(k) * kF32MR + 15) / 16 * 16;
+  FusedSchedule(f, g);
+}
+
+// c = alpha * op(A) op(B) + beta * c (BLAS semantics; k > 0, alpha != 0).
+void Sgemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+           const float* b, float beta, float* c, std::vector<float>& packed32) {
+  if (UseOwnF32(m, n, k)) {
+    OwnSgemm(f, ta, tb, m, n, k, alpha, a, b, beta, c, packed32);
+  } else {
+    BlasSgemm(f, ta, tb, m, n, k, alpha, a, b, beta, c);
+  }
 }
 
 // ---- one GEMM: fp32 operands, any epilogue ---------------------------------------
@@ -1148,6 +1459,7 @@ struct Gemm {
   const void* a16;  // bf16 A and B for the vdpbf16ps path, else NULL
   const void* b16;
   std::vector<uint32_t>* packed;  // the bf16 path's packed operands (capacity reserved)
+  std::vector<float>* packed32;   // the own fp32 kernel's packed operands (capacity reserved)
   bool prepacked;                 // Bf16Pack already filled *packed
   bool amx;                       // the bf16 path runs on AMX tiles (packed in that layout)
   float alpha, beta;              // alpha with the FP8 scale_inv factors folded in
@@ -1228,7 +1540,7 @@ void Run(const tefl_call_frame* f, const Gemm& g, std::vector<float>& scratch) {
   } else if (g.a16 != nullptr) {
     Bf16Gemm(f, g.transa, g.transb, g.m, g.n, g.k, g.alpha, g.a16, g.b16, beta, acc, *g.packed, g.prepacked, g.amx);
   } else {
-    Sgemm(f, g.transa, g.transb, g.m, g.n, g.k, g.alpha, g.a, g.b, beta, acc);
+    Sgemm(f, g.transa, g.transb, g.m, g.n, g.k, g.alpha, g.a, g.b, beta, acc, *g.packed32);
   }
   if (g.bias || g.gelu || g.dgelu || g.amax || g.td != DType::kF32) {
     EpilogueCtx e{&g, acc};
@@ -1309,6 +1621,7 @@ void Reserve(Workspace& ws, const OneGemm& o, const OnePlan& p) {
   if (p.bf16) Grow(ws.packed, Bf16PackedWords(o.m, o.n, o.k, p.amx));
   if (!p.bf16 && o.ta != DType::kF32) Grow(ws.a, size_t(o.m * o.k));
   if (!p.bf16 && o.tb != DType::kF32) Grow(ws.b, size_t(o.k * o.n));
+  if (!p.bf16 && o.k > 0 && UseOwnF32(o.m, o.n, o.k)) Grow(ws.packed32, F32PackedFloats(o.m, o.n, o.k));
   if (o.bias && o.tbias != DType::kF32) Grow(ws.bias, size_t(o.n));
   if (o.td != DType::kF32 && !OneDirect(o, p)) Grow(ws.scratch, size_t(o.m * o.n));
   if (o.bias_grad) Grow(ws.sums, size_t(o.gelu ? o.n : o.m));
@@ -1352,6 +1665,7 @@ void Execute(const tefl_call_frame* f, const OneGemm& o, OnePlan p, Workspace& w
   g.a16 = p.bf16 ? o.a : nullptr;
   g.b16 = p.bf16 ? o.b : nullptr;
   g.packed = &ws.packed;
+  g.packed32 = &ws.packed32;
   g.prepacked = prepacked;
   g.amx = p.amx;
   // alpha = 0 means "no product" to BLAS; keep it so when the scales are 0 too.
