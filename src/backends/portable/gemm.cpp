@@ -1166,17 +1166,21 @@ bool Bf16FusedDirect(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int6
 // peak with its operands in L1/L2 (docs/perf-gemm.md). op(A) is packed per
 // K chunk into blocks of kF32MR rows (see F32AChunk), op(B) into panels of
 // kF32NR columns ([K][kF32NR]); the pads past M and N are zeros (never
-// stored). K is walked in chunks of kF32Kc: one panel's chunk (32 KiB) stays
-// in L1 while a task's row blocks pass over it; the first chunk applies
-// C = alpha * sum + beta * C (beta = 0: C not read, as BLAS), later ones
-// C += alpha * sum. Every element of D is summed in the same order whatever
-// the thread count or schedule. Tasks and packing run in one fork-join
+// stored). A tile runs a whole K chunk of kF32Kc with both operands read
+// from L2 (measured as fast as a B chunk kept in L1, and D is then loaded
+// and stored once per chunk instead of once per 256 steps): the first chunk
+// applies C = alpha * sum + beta * C (beta = 0: C not read, as BLAS), later
+// ones C += alpha * sum. Every element of D is summed in the same order
+// whatever the thread count or schedule. Tasks and packing run in one fork-join
 // (FusedSchedule, as the bf16 path). Used when PortablePathOn(kGemmF32Avx512)
 // and the GEMM is at least kF32MinRows x kF32MinCols with kF32MinWork
 // multiply-adds; else OpenBLAS.
 constexpr int kF32MR = 12, kF32NR = 32;
 constexpr int64_t kF32Kc = 2048;
-constexpr int64_t kF32SuperBlocks = 3;                   // row blocks per task (36 rows)
+// Row blocks per task: a task's packed A chunk of ~kF32SuperABytes, within
+// [kF32MinSuper, kF32MaxSuper] blocks (measured: 6 at K = 512, 3 at K = 1024
+// and 2048).
+constexpr int64_t kF32SuperABytes = int64_t(150) << 10, kF32MinSuper = 3, kF32MaxSuper = 6;
 constexpr int64_t kF32GroupBytes = int64_t(1024) << 10;  // packed B per task's column group
 constexpr int64_t kF32MinRows = 2 * kF32MR, kF32MinCols = 64, kF32MinWork = int64_t(1) << 23;
 
@@ -1202,7 +1206,8 @@ struct F32Job {
   float* bp;       // [n_panels][K][kF32NR]
   float alpha, beta;
   float* c;  // [M, N]
-  int64_t m_blocks, n_panels, m_supers, n_groups, gp;
+  int64_t m_blocks, n_panels, m_supers, n_groups;
+  int64_t gp, sb;                // panels per column group, row blocks per row super
   std::atomic<bool> hit{false};  // FusedSchedule's interface; packing fp32 never fails
 };
 
@@ -1356,13 +1361,14 @@ __attribute__((target("avx512f"))) void F32Tile(const float* ap, const float* bp
 }
 
 // Task (column group v, row super s) of F32Job g: K chunk by chunk; in a
-// chunk, panel by panel (its 32 KiB of B in L1), the super's row blocks
-// (their A chunk in L2). While a chunk runs, the next A run (the super's
-// next chunk, or after the last chunk the next super's first) and each
-// panel's successor B chunk are prefetched into L2, spread over the tiles.
+// chunk, panel by panel (the group's packed B stays in L2 over the group's
+// tasks), the super's row blocks (their A chunk in L2, reused by every
+// panel). While a chunk runs, the next A run (the super's next chunk, or
+// after the last chunk the next super's first) and each panel's successor B
+// chunk are prefetched into L2, spread over the tiles.
 void F32Task(const F32Job& g, int64_t v, int64_t s) {
   const int64_t p0 = v * g.gp, p1 = std::min(g.n_panels, p0 + g.gp);
-  const int64_t b0 = s * kF32SuperBlocks, b1 = std::min(g.m_blocks, b0 + kF32SuperBlocks);
+  const int64_t b0 = s * g.sb, b1 = std::min(g.m_blocks, b0 + g.sb);
   const int64_t tiles = (p1 - p0) * (b1 - b0);
   for (int64_t k0 = 0; k0 < g.k; k0 += kF32Kc) {
     const int64_t kc = std::min(kF32Kc, g.k - k0);
@@ -1374,7 +1380,7 @@ void F32Task(const F32Job& g, int64_t v, int64_t s) {
       a_next = reinterpret_cast<const char*>(F32AChunk(g, k0 + kF32Kc, b0));
       a_lines = (b1 - b0) * nk * kF32MR * 4 / 64;
     } else if (b1 < g.m_blocks) {
-      const int64_t nb1 = std::min(g.m_blocks, b1 + kF32SuperBlocks);
+      const int64_t nb1 = std::min(g.m_blocks, b1 + g.sb);
       a_next = reinterpret_cast<const char*>(F32AChunk(g, 0, b1));
       a_lines = (nb1 - b1) * std::min(kF32Kc, g.k) * kF32MR * 4 / 64;
     }
@@ -1405,9 +1411,7 @@ void F32Task(const F32Job& g, int64_t v, int64_t s) {
 }
 
 void FusedPackB(F32Job& g, int64_t v) { F32PackB(g, v * g.gp, std::min(g.n_panels, (v + 1) * g.gp)); }
-void FusedPackA(F32Job& g, int64_t u) {
-  F32PackA(g, u * kF32SuperBlocks, std::min(g.m_blocks, (u + 1) * kF32SuperBlocks));
-}
+void FusedPackA(F32Job& g, int64_t u) { F32PackA(g, u * g.sb, std::min(g.m_blocks, (u + 1) * g.sb)); }
 void FusedRun(F32Job& g, int64_t v, int64_t s) { F32Task(g, v, s); }
 
 // c = alpha * op(A) op(B) + beta * c by the own kernel; packed holds
@@ -1428,7 +1432,8 @@ void OwnSgemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, 
   g.c = c;
   g.m_blocks = (m + kF32MR - 1) / kF32MR;
   g.n_panels = (n + kF32NR - 1) / kF32NR;
-  g.m_supers = (g.m_blocks + kF32SuperBlocks - 1) / kF32SuperBlocks;
+  g.sb = std::clamp<int64_t>(kF32SuperABytes / (kF32MR * 4 * std::min(k, kF32Kc)), kF32MinSuper, kF32MaxSuper);
+  g.m_supers = (g.m_blocks + g.sb - 1) / g.sb;
   g.gp = std::max<int64_t>(1, kF32GroupBytes / (k * kF32NR * 4));
   // At least two column groups per thread: each thread packs its own groups' B first.
   const int64_t parts = std::max<int64_t>(1, f->host->num_threads());
