@@ -1290,15 +1290,17 @@ TEST(GemmConformanceSpecial, AmxStreamedOutputMatchesSmallCall) {
 
 // default.portable's own fp32 tiles (AVX-512; 12 x 32 register tiles, K in
 // chunks of 2048, GEMMs of at least 24 x 64 and 2^23 multiply-adds): partial
-// row blocks and column panels, a K past one chunk and not a multiple of 8,
-// K smaller than a transpose block, every transpose, C with alpha and beta,
+// row blocks and column panels (of 1-31 columns, 16 among them), a K past one
+// chunk and not a multiple of 8, K below one transpose block (7) and just
+// above (9), every transpose, C with alpha and beta,
 // beta = 0 with C, accumulate, bias + GELU; FP8 and fp16 operands (converted
-// to fp32 first) and an fp16 D. The same bytes again on 1 and 3 threads
+// to fp32 first) and an fp16 D; bf16 operands with a subnormal (the exact
+// fallback of the bf16 path lands here). The same bytes again on 1 and 3 threads
 // (ctest GemmThreads1/3 run this too) and from two threads at once.
 TEST(GemmConformanceSpecial, F32TilesAcrossBoundaries) {
   std::printf("[  NOTE    ] own fp32 tiles %s\n",
               tefl::backends::PortablePathOn(tefl::backends::PortablePath::kGemmF32Avx512) ? "on" : "off (OpenBLAS)");
-  const Shape shapes[] = {{203, 120, 2100}, {24, 64, 5462}, {1000, 1000, 9}, {385, 150, 200}};
+  const Shape shapes[] = {{203, 120, 2100}, {24, 64, 5999}, {1000, 1000, 9}, {385, 150, 200}, {1200, 1008, 7}};
   const int epilogues[] = {0, 4, 5, 6, 2};  // plain, c_alpha_beta, c_bias_beta0, accumulate, gelu_bias_pre
   for (const Shape& sh : shapes)
     for (int t = 0; t < 4; ++t)
@@ -1318,9 +1320,19 @@ TEST(GemmConformanceSpecial, F32TilesAcrossBoundaries) {
     CheckAll(p);
     if (::testing::Test::HasFatalFailure()) return;
   }
+  {
+    SCOPED_TRACE("bf16 with a subnormal");
+    Problem p =
+        MakeGemm({DType::kBF16, DType::kBF16, DType::kF32}, kEpilogues[1], 203, 120, 2100, false, false, "f32sub");
+    p.in[kA]->set(1234, p.in[kA]->at(1234) * 1e-39);  // subnormal in bf16
+    ASSERT_NE(p.in[kA]->at(1234), 0.0);
+    CheckAll(p);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
   // beta = 0 does not read C (BLAS): NaN there stays out of D.
   {
-    Problem p = MakeGemm({DType::kF32, DType::kF32, DType::kF32}, kEpilogues[5], 203, 120, 2100, false, false, "f32nan");
+    Problem p =
+        MakeGemm({DType::kF32, DType::kF32, DType::kF32}, kEpilogues[5], 203, 120, 2100, false, false, "f32nan");
     for (int64_t i = 0; i < p.in[kC]->numel(); ++i) static_cast<float*>(p.in[kC]->bytes())[i] = std::nanf("");
     CheckAll(p);
     ASSERT_TRUE(p.Run("default.portable").ok());

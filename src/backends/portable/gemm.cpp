@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <thread>
@@ -176,17 +177,32 @@ tefl_status* Status(const tefl_call_frame* f, int32_t code, const char* what) no
 // only grow (no re-initialisation); a call that leaves more than
 // kWorkspaceKeepBytes in them frees them on return.
 constexpr size_t kWorkspaceKeepBytes = size_t(256) << 20;
+// The counters of one column group in FusedSchedule.
+struct alignas(64) FusedGroup {
+  std::atomic<int64_t> next_super{0};  // the group's next unclaimed row task
+  std::atomic<bool> b_claimed{false};  // its B panels are being / have been packed
+};
 struct Workspace {
   std::vector<float> a, b, bias, scratch, packed32;
   std::vector<uint32_t> packed;
   std::vector<double> sums;  // bias_grad accumulators
+  std::unique_ptr<FusedGroup[]> groups;
+  size_t groups_cap = 0;
   size_t Bytes() const {
     return (a.capacity() + b.capacity() + bias.capacity() + scratch.capacity() + packed32.capacity() +
             packed.capacity()) *
                4 +
-           sums.capacity() * 8;
+           sums.capacity() * 8 + groups_cap * sizeof(FusedGroup);
   }
 };
+// At least n group counters in ws (FusedSchedule has at most one group per
+// 32-column panel).
+void GrowGroups(Workspace& ws, int64_t n_cols) {
+  const size_t n = size_t((n_cols + 31) / 32);
+  if (ws.groups_cap >= n) return;
+  ws.groups = std::make_unique<FusedGroup[]>(n);
+  ws.groups_cap = n;
+}
 Workspace& ThreadWorkspace() {
   thread_local Workspace ws;
   return ws;
@@ -1068,10 +1084,6 @@ void Bf16Gemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, 
 // imbalance, not a whole column group. A tile's sums do not depend on which
 // thread computes it (K is summed in registers in one fixed order), so D is
 // the same for any schedule and thread count.
-struct alignas(64) FusedGroup {
-  std::atomic<int64_t> next_super{0};  // the group's next unclaimed row task
-  std::atomic<bool> b_claimed{false};  // its B panels are being / have been packed
-};
 // A Job for FusedSchedule has n_groups, m_supers and an atomic<bool> hit
 // (set by packing to stop before any tile), and the overloads
 // FusedPackB(job, group), FusedPackA(job, super) and FusedRun(job, group, super).
@@ -1079,7 +1091,7 @@ template <class Job>
 struct FusedCtx {
   Job* g;
   int64_t parts;
-  std::vector<FusedGroup> groups;
+  FusedGroup* groups;  // [g->n_groups]
   alignas(64) std::atomic<int64_t> next_a{0};
   alignas(64) std::atomic<int64_t> packed_units{0};
 };
@@ -1089,12 +1101,12 @@ void FusedScheduleBody(void* ctx, int64_t begin, int64_t end) {
   Job& g = *x.g;
   const int64_t ng = g.n_groups, units = g.m_supers + ng;
   auto pack_b = [&](int64_t v) {
-    if (x.groups[size_t(v)].b_claimed.exchange(true, std::memory_order_relaxed)) return;
+    if (x.groups[v].b_claimed.exchange(true, std::memory_order_relaxed)) return;
     FusedPackB(g, v);
     x.packed_units.fetch_add(1, std::memory_order_release);
   };
   auto run_group = [&](int64_t v) {
-    for (int64_t s; (s = x.groups[size_t(v)].next_super.fetch_add(1, std::memory_order_relaxed)) < g.m_supers;)
+    for (int64_t s; (s = x.groups[v].next_super.fetch_add(1, std::memory_order_relaxed)) < g.m_supers;)
       FusedRun(g, v, s);
   };
   for (int64_t t = begin; t < end; ++t) {  // one participant (several when run inline)
@@ -1116,12 +1128,17 @@ void FusedScheduleBody(void* ctx, int64_t begin, int64_t end) {
     for (int64_t i = 1; i <= ng; ++i) run_group((t + i) % ng);
   }
 }
+// groups: g.n_groups counters from the workspace (reset here; no allocation).
 template <class Job>
-void FusedSchedule(const tefl_call_frame* f, Job& g) {
+void FusedSchedule(const tefl_call_frame* f, Job& g, FusedGroup* groups) {
+  for (int64_t v = 0; v < g.n_groups; ++v) {
+    groups[v].next_super.store(0, std::memory_order_relaxed);
+    groups[v].b_claimed.store(false, std::memory_order_relaxed);
+  }
   FusedCtx<Job> x;
   x.g = &g;
   x.parts = std::max<int64_t>(1, f->host->num_threads());
-  x.groups = std::vector<FusedGroup>(size_t(g.n_groups));
+  x.groups = groups;
   f->host->parallel_for(x.parts, 1, FusedScheduleBody<Job>, &x);
 }
 
@@ -1141,11 +1158,11 @@ void FusedRun(Bf16Job& g, int64_t v, int64_t s) {
 
 // out16 = bf16(alpha * op(A) op(B) + bias) in one fork-join, packing
 // included; false (out16 not written) when A or B holds a subnormal bf16
-// value. packed: Bf16PackedWords(m, n, k, amx) words (no allocation here but
-// the per-group counters).
+// value. packed: Bf16PackedWords(m, n, k, amx) words, groups: GrowGroups(n)
+// counters (no allocation here).
 bool Bf16FusedDirect(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
-                     const void* a, const void* b, std::vector<uint32_t>& packed, bool amx, uint16_t* out16,
-                     const float* bias) {
+                     const void* a, const void* b, std::vector<uint32_t>& packed, FusedGroup* groups, bool amx,
+                     uint16_t* out16, const float* bias) {
   Bf16Job g;
   Bf16Setup(g, ta, tb, m, n, k, a, b, packed, amx);
   g.alpha = alpha;
@@ -1154,7 +1171,7 @@ bool Bf16FusedDirect(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int6
   g.out16 = out16;
   g.bias = bias;
   g.row_a = !amx && !ta && k % 2 == 0 && reinterpret_cast<uintptr_t>(a) % 4 == 0;
-  FusedSchedule(f, g);
+  FusedSchedule(f, g, groups);
   return !g.hit.load();
 }
 
@@ -1394,7 +1411,7 @@ void F32Task(const F32Job& g, int64_t v, int64_t s) {
                             : k0 + kF32Kc < g.k
                                 ? g.bp + size_t(p0) * size_t(g.k) * kF32NR + size_t(k0 + kF32Kc) * kF32NR
                                 : nullptr;
-      const int64_t b_lines = b_next ? kc * kF32NR * 4 / 64 : 0;
+      const int64_t b_lines = !b_next ? 0 : (pan + 1 < p1 ? kc : std::min(kF32Kc, g.k - k0 - kF32Kc)) * kF32NR * 4 / 64;
       const int64_t b_per_tile = std::min(kc, (b_lines + (b1 - b0) - 1) / (b1 - b0));
       for (int64_t blk = b0; blk < b1; ++blk, ++t) {
         const int rows = int(std::min<int64_t>(kF32MR, g.m - blk * kF32MR));
@@ -1415,10 +1432,10 @@ void FusedPackA(F32Job& g, int64_t u) { F32PackA(g, u * g.sb, std::min(g.m_block
 void FusedRun(F32Job& g, int64_t v, int64_t s) { F32Task(g, v, s); }
 
 // c = alpha * op(A) op(B) + beta * c by the own kernel; packed holds
-// F32PackedFloats(m, n, k) floats (no allocation here but the schedule's
-// per-group counters).
+// F32PackedFloats(m, n, k) floats, groups GrowGroups(n) counters (no
+// allocation here).
 void OwnSgemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-              const float* b, float beta, float* c, std::vector<float>& packed) {
+              const float* b, float beta, float* c, float* packed, FusedGroup* groups) {
   F32Job g;
   g.m = m;
   g.n = n;
@@ -1439,17 +1456,26 @@ void OwnSgemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, 
   const int64_t parts = std::max<int64_t>(1, f->host->num_threads());
   while (g.gp > 1 && (g.n_panels + g.gp - 1) / g.gp < 2 * parts) g.gp = (g.gp + 1) / 2;
   g.n_groups = (g.n_panels + g.gp - 1) / g.gp;
-  const uintptr_t base = reinterpret_cast<uintptr_t>(packed.data());
-  g.ap = packed.data() + ((64 - base % 64) % 64) / sizeof(float);
+  const uintptr_t base = reinterpret_cast<uintptr_t>(packed);
+  g.ap = packed + ((64 - base % 64) % 64) / sizeof(float);
   g.bp = g.ap + (size_t(g.m_blocks) * size_t(k) * kF32MR + 15) / 16 * 16;
-  FusedSchedule(f, g);
+  FusedSchedule(f, g, groups);
+}
+
+// Grows ws for OwnSgemm when an M x N x K fp32 GEMM takes it.
+void ReserveOwnF32(Workspace& ws, int64_t m, int64_t n, int64_t k) {
+  if (k == 0 || !UseOwnF32(m, n, k)) return;
+  Grow(ws.packed32, F32PackedFloats(m, n, k));
+  GrowGroups(ws, n);
 }
 
 // c = alpha * op(A) op(B) + beta * c (BLAS semantics; k > 0, alpha != 0).
+// The own kernel runs only with the buffers ReserveOwnF32 grew (the choice
+// is made twice; a test that flips the switch in between gets OpenBLAS).
 void Sgemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-           const float* b, float beta, float* c, std::vector<float>& packed32) {
-  if (UseOwnF32(m, n, k)) {
-    OwnSgemm(f, ta, tb, m, n, k, alpha, a, b, beta, c, packed32);
+           const float* b, float beta, float* c, Workspace& ws) {
+  if (UseOwnF32(m, n, k) && ws.packed32.size() >= F32PackedFloats(m, n, k) && ws.groups_cap >= size_t((n + 31) / 32)) {
+    OwnSgemm(f, ta, tb, m, n, k, alpha, a, b, beta, c, ws.packed32.data(), ws.groups.get());
   } else {
     BlasSgemm(f, ta, tb, m, n, k, alpha, a, b, beta, c);
   }
@@ -1464,7 +1490,7 @@ struct Gemm {
   const void* a16;  // bf16 A and B for the vdpbf16ps path, else NULL
   const void* b16;
   std::vector<uint32_t>* packed;  // the bf16 path's packed operands (capacity reserved)
-  std::vector<float>* packed32;   // the own fp32 kernel's packed operands (capacity reserved)
+  Workspace* ws;                  // the own fp32 kernel's packed operands and counters (capacity reserved)
   bool prepacked;                 // Bf16Pack already filled *packed
   bool amx;                       // the bf16 path runs on AMX tiles (packed in that layout)
   float alpha, beta;              // alpha with the FP8 scale_inv factors folded in
@@ -1545,7 +1571,7 @@ void Run(const tefl_call_frame* f, const Gemm& g, std::vector<float>& scratch) {
   } else if (g.a16 != nullptr) {
     Bf16Gemm(f, g.transa, g.transb, g.m, g.n, g.k, g.alpha, g.a16, g.b16, beta, acc, *g.packed, g.prepacked, g.amx);
   } else {
-    Sgemm(f, g.transa, g.transb, g.m, g.n, g.k, g.alpha, g.a, g.b, beta, acc, *g.packed32);
+    Sgemm(f, g.transa, g.transb, g.m, g.n, g.k, g.alpha, g.a, g.b, beta, acc, *g.ws);
   }
   if (g.bias || g.gelu || g.dgelu || g.amax || g.td != DType::kF32) {
     EpilogueCtx e{&g, acc};
@@ -1624,9 +1650,10 @@ bool OneDirect(const OneGemm& o, const OnePlan& p) {
 // Every buffer Execute needs (allocation may throw; nothing is written yet).
 void Reserve(Workspace& ws, const OneGemm& o, const OnePlan& p) {
   if (p.bf16) Grow(ws.packed, Bf16PackedWords(o.m, o.n, o.k, p.amx));
+  if (p.bf16) GrowGroups(ws, o.n);
   if (!p.bf16 && o.ta != DType::kF32) Grow(ws.a, size_t(o.m * o.k));
   if (!p.bf16 && o.tb != DType::kF32) Grow(ws.b, size_t(o.k * o.n));
-  if (!p.bf16 && o.k > 0 && UseOwnF32(o.m, o.n, o.k)) Grow(ws.packed32, F32PackedFloats(o.m, o.n, o.k));
+  if (!p.bf16) ReserveOwnF32(ws, o.m, o.n, o.k);
   if (o.bias && o.tbias != DType::kF32) Grow(ws.bias, size_t(o.n));
   if (o.td != DType::kF32 && !OneDirect(o, p)) Grow(ws.scratch, size_t(o.m * o.n));
   if (o.bias_grad) Grow(ws.sums, size_t(o.gelu ? o.n : o.m));
@@ -1639,8 +1666,8 @@ void Execute(const tefl_call_frame* f, const OneGemm& o, OnePlan p, Workspace& w
   if (p.bf16 && p.scan_in_pack && OneDirect(o, p)) {
     // Packing and the tiles in one fork-join; a subnormal leaves D untouched.
     const float* bias32 = o.bias ? AsF32(f, o.bias, o.tbias, o.n, ws.bias) : nullptr;
-    done = Bf16FusedDirect(f, o.transa, o.transb, o.m, o.n, o.k, o.alpha * o.sa * o.sb, o.a, o.b, ws.packed, p.amx,
-                           static_cast<uint16_t*>(o.d), bias32);
+    done = Bf16FusedDirect(f, o.transa, o.transb, o.m, o.n, o.k, o.alpha * o.sa * o.sb, o.a, o.b, ws.packed,
+                           ws.groups.get(), p.amx, static_cast<uint16_t*>(o.d), bias32);
     if (!done) {
       p.bf16 = false;  // a subnormal: the exact sgemm path
       Reserve(ws, o, p);
@@ -1670,7 +1697,7 @@ void Execute(const tefl_call_frame* f, const OneGemm& o, OnePlan p, Workspace& w
   g.a16 = p.bf16 ? o.a : nullptr;
   g.b16 = p.bf16 ? o.b : nullptr;
   g.packed = &ws.packed;
-  g.packed32 = &ws.packed32;
+  g.ws = &ws;
   g.prepacked = prepacked;
   g.amx = p.amx;
   // alpha = 0 means "no product" to BLAS; keep it so when the scales are 0 too.
