@@ -1199,7 +1199,7 @@ constexpr int64_t kF32Kc = 2048;
 // and 2048).
 constexpr int64_t kF32SuperABytes = int64_t(150) << 10, kF32MinSuper = 3, kF32MaxSuper = 6;
 constexpr int64_t kF32GroupBytes = int64_t(1024) << 10;  // packed B per task's column group
-constexpr int64_t kF32MinRows = 2 * kF32MR, kF32MinCols = 64, kF32MinWork = int64_t(1) << 23;
+constexpr int64_t kF32MinRows = 2 * kF32MR, kF32MinCols = 128, kF32MinWork = int64_t(1) << 23;
 
 bool UseOwnF32(int64_t m, int64_t n, int64_t k) {
   return m >= kF32MinRows && n >= kF32MinCols && m * n * k >= kF32MinWork &&
