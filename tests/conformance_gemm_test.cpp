@@ -681,6 +681,23 @@ TEST(GemmConformanceSpecial, OneSubnormalAnywhereIsSeenBf16Output) {
 // same bytes every time: repeated calls, and calls from two threads at once
 // (one of them inline), against the first result. Shapes with several
 // column groups (an odd number, a partial last one) and row tasks.
+// n copies of p run on default.portable from two threads at once: each must
+// succeed and write D with exactly want's bytes.
+void ExpectConcurrentRunsMatch(const Problem& p, const Tensor& want, size_t n) {
+  std::vector<Problem> runs(n, p);
+  std::vector<bool> ok(runs.size(), false);
+  auto body = [&](size_t i0) {
+    for (size_t i = i0; i < runs.size(); i += 2) ok[i] = runs[i].Run("default.portable").ok();
+  };
+  std::thread other(body, size_t(1));
+  body(0);
+  other.join();
+  for (size_t i = 0; i < runs.size(); ++i) {
+    ASSERT_TRUE(ok[i]) << "concurrent call " << i;
+    EXPECT_TRUE(runs[i].out[kD]->SameBytes(want)) << "concurrent call " << i;
+  }
+}
+
 TEST(GemmConformanceSpecial, DirectBf16ScheduleIndependent) {
   const Shape shapes[] = {{136, 680, 96}, {300, 520, 64}, {520, 130, 62}};
   for (const Shape& sh : shapes)
@@ -697,18 +714,7 @@ TEST(GemmConformanceSpecial, DirectBf16ScheduleIndependent) {
         ASSERT_TRUE(again.Run("default.portable").ok());
         ASSERT_TRUE(again.out[kD]->SameBytes(*first.out[kD])) << "sequential call " << rep;
       }
-      std::vector<Problem> runs(8, p);
-      std::vector<bool> ok(runs.size(), false);
-      auto body = [&](size_t i0) {
-        for (size_t i = i0; i < runs.size(); i += 2) ok[i] = runs[i].Run("default.portable").ok();
-      };
-      std::thread other(body, size_t(1));
-      body(0);
-      other.join();
-      for (size_t i = 0; i < runs.size(); ++i) {
-        ASSERT_TRUE(ok[i]) << "concurrent call " << i;
-        EXPECT_TRUE(runs[i].out[kD]->SameBytes(*first.out[kD])) << "concurrent call " << i;
-      }
+      ExpectConcurrentRunsMatch(p, *first.out[kD], 8);
     }
 }
 
@@ -1342,18 +1348,7 @@ TEST(GemmConformanceSpecial, F32TilesAcrossBoundaries) {
   Problem p = MakeGemm({DType::kF32, DType::kF32, DType::kF32}, kEpilogues[1], 385, 129, 2500, false, false, "f32same");
   Problem first = p;
   ASSERT_TRUE(first.Run("default.portable").ok());
-  std::vector<Problem> runs(4, p);
-  std::vector<bool> ok(runs.size(), false);
-  auto body = [&](size_t i0) {
-    for (size_t i = i0; i < runs.size(); i += 2) ok[i] = runs[i].Run("default.portable").ok();
-  };
-  std::thread other(body, size_t(1));
-  body(0);
-  other.join();
-  for (size_t i = 0; i < runs.size(); ++i) {
-    ASSERT_TRUE(ok[i]) << "call " << i;
-    EXPECT_TRUE(runs[i].out[kD]->SameBytes(*first.out[kD])) << "call " << i;
-  }
+  ExpectConcurrentRunsMatch(p, *first.out[kD], 4);
 }
 
 TEST(GemmConformanceSpecial, ImplementationsCovered) {

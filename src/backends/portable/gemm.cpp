@@ -1,7 +1,8 @@
 // default.portable — GEMM: generic_gemm and te_general_grouped_gemm.
 //
-// The fp32 core is OpenBLAS's cblas_sgemm (Debian libopenblas 0.3.21, the
-// pthread build). Around it:
+// The fp32 core is tefl's own AVX-512 tiles (see "fp32 on AVX-512" below)
+// where the CPU has AVX-512 and the product is large enough, else OpenBLAS's
+// cblas_sgemm (Debian libopenblas 0.3.21, the pthread build). Around it:
 //  - Operands that are not fp32 (bf16, fp16, FP8) are converted whole to
 //    compact fp32 copies first, rows spread over the host pool (bf16/fp16
 //    exactly; FP8 through the 256-entry decode table of core/fp8.h). The
@@ -19,7 +20,8 @@
 //    pass at all.
 //  - bias_grad (grad): row sums of op(A) in double.
 //
-// Threads: OpenBLAS keeps its own pthread pool. Every sgemm runs under one
+// Threads: the own tiles run on the host pool. OpenBLAS keeps its own
+// pthread pool. Every OpenBLAS sgemm runs under one
 // process-wide mutex that also sets OpenBLAS's thread count to the host
 // pool's num_threads() when it differs from the last call's, so tefl and
 // OpenBLAS agree on the thread budget and openblas_set_num_threads never
