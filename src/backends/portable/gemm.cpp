@@ -1203,17 +1203,22 @@ constexpr int64_t kF32SuperABytes = int64_t(150) << 10, kF32MinSuper = 3, kF32Ma
 constexpr int64_t kF32GroupBytes = int64_t(1024) << 10;  // packed B per task's column group
 constexpr int64_t kF32MinRows = 2 * kF32MR, kF32MinCols = 128, kF32MinWork = int64_t(1) << 23;
 
-bool UseOwnF32(int64_t m, int64_t n, int64_t k) {
-  return m >= kF32MinRows && n >= kF32MinCols && m * n * k >= kF32MinWork &&
-         PortablePathOn(PortablePath::kGemmF32Avx512);
-}
-
 // Floats of packed operands for an M x N x K fp32 GEMM, with the slack that
 // puts packed A and packed B each on a 64-byte boundary (B's panels are read
 // by aligned loads).
 size_t F32PackedFloats(int64_t m, int64_t n, int64_t k) {
   const size_t rows = size_t((m + kF32MR - 1) / kF32MR) * kF32MR, cols = size_t((n + kF32NR - 1) / kF32NR) * kF32NR;
   return (rows + cols) * size_t(k) + 32;
+}
+
+// Packed operands beyond the workspace that is kept between calls
+// (kWorkspaceKeepBytes) would be allocated and faulted in on every call, a
+// copy as large as A and B together: such products take OpenBLAS, which
+// packs in fixed-size blocks (and is level with the own tiles at that size).
+bool UseOwnF32(int64_t m, int64_t n, int64_t k) {
+  return m >= kF32MinRows && n >= kF32MinCols && m * n * k >= kF32MinWork &&
+         F32PackedFloats(m, n, k) * sizeof(float) <= kWorkspaceKeepBytes &&
+         PortablePathOn(PortablePath::kGemmF32Avx512);
 }
 
 struct F32Job {
