@@ -96,26 +96,20 @@ const char* PortableTargetName() { return ChooseIsa().target; }
 #define TEFL_CPU_SUPPORTS(feature) false
 #endif
 
-namespace {
-// AVX512-F/BW/VL/DQ, allowed by TEFL_MAX_CPU_ISA.
-bool CpuHasAvx512Core() {
-  return ApplyMaxCpuIsa() == CpuIsaCap::kAvx512 && TEFL_CPU_SUPPORTS("avx512f") && TEFL_CPU_SUPPORTS("avx512bw") &&
-         TEFL_CPU_SUPPORTS("avx512vl") && TEFL_CPU_SUPPORTS("avx512dq");
-}
-}  // namespace
-
 bool CpuHasAvx512() {
-  static const bool has = CpuHasAvx512Core();
+  static const bool has = ApplyMaxCpuIsa() == CpuIsaCap::kAvx512 && TEFL_CPU_SUPPORTS("avx512f") &&
+                          TEFL_CPU_SUPPORTS("avx512bw") && TEFL_CPU_SUPPORTS("avx512vl") &&
+                          TEFL_CPU_SUPPORTS("avx512dq");
   return has;
 }
 
 bool CpuHasAvx512Bf16() {
-  static const bool has = CpuHasAvx512Core() && TEFL_CPU_SUPPORTS("avx512bf16");
+  static const bool has = CpuHasAvx512() && TEFL_CPU_SUPPORTS("avx512bf16");
   return has;
 }
 
 bool CpuHasAvx512Bmi2() {
-  static const bool has = CpuHasAvx512Core() && TEFL_CPU_SUPPORTS("bmi2");
+  static const bool has = CpuHasAvx512() && TEFL_CPU_SUPPORTS("bmi2");
   return has;
 }
 

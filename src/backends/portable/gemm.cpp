@@ -342,6 +342,18 @@ constexpr uintptr_t kAPrefetch = 16;  // K pairs ahead (512 bytes of packed A)
 constexpr int kAmxRows = 32, kAmxPairs = 16;
 constexpr int64_t kAmxGroupBytes = int64_t(1) << 20;
 
+// Lane masks of the first `cols` (0-32) columns of a 32-column row: the low
+// and the high 16 lanes.
+struct ColumnMasks {
+  __mmask16 lo, hi;
+};
+inline ColumnMasks MasksOf32(int cols) {
+  return {cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1), cols >= 32 ? __mmask16(0xFFFF)
+                                                                        : cols <= 16
+                                                                            ? __mmask16(0)
+                                                                            : __mmask16((1u << (cols - 16)) - 1)};
+}
+
 bool CpuHasBf16Dot() { return CpuHasAvx512Bf16(); }
 
 bool IsSubnormalBf16(uint16_t h) { return (h & 0x7F80u) == 0 && (h & 0x7Fu) != 0; }
@@ -411,6 +423,24 @@ __attribute__((target("avx512f,avx512bw"))) inline __mmask32 Subnormal32(__m512i
   return _mm512_cmplt_epu16_mask(_mm512_sub_epi16(e, _mm512_set1_epi16(1)), _mm512_set1_epi16(0x7F));
 }
 
+// In place: r[q] becomes column q of the 8 x 8 block of 32-bit values whose
+// row i is r[i] (AVX2 unpacks and lane permutes).
+__attribute__((target("avx2"))) inline void Transpose8x8Epi32(__m256i r[8]) {
+  __m256i u[8];
+  for (int h = 0; h < 8; h += 4) {
+    const __m256i t0 = _mm256_unpacklo_epi32(r[h], r[h + 1]), t1 = _mm256_unpackhi_epi32(r[h], r[h + 1]);
+    const __m256i t2 = _mm256_unpacklo_epi32(r[h + 2], r[h + 3]), t3 = _mm256_unpackhi_epi32(r[h + 2], r[h + 3]);
+    u[h] = _mm256_unpacklo_epi64(t0, t2);      // columns 0 | 4 of rows h..h+3
+    u[h + 1] = _mm256_unpackhi_epi64(t0, t2);  // 1 | 5
+    u[h + 2] = _mm256_unpacklo_epi64(t1, t3);  // 2 | 6
+    u[h + 3] = _mm256_unpackhi_epi64(t1, t3);  // 3 | 7
+  }
+  for (int q = 0; q < 4; ++q) {
+    r[q] = _mm256_permute2x128_si256(u[q], u[q + 4], 0x20);
+    r[q + 4] = _mm256_permute2x128_si256(u[q], u[q + 4], 0x31);
+  }
+}
+
 // Eight rows of K-contiguous bf16 (row i at a + i * k), pairs [0, full_p):
 // 8 rows x 8 pairs at a time, an 8 x 8 transpose of 32-bit pairs (AVX2);
 // pair p of row i goes to dst[p * ld + i]. The loaded rows are checked for
@@ -428,24 +458,8 @@ __attribute__((target("avx2,avx512f,avx512bw,avx512vl"))) int64_t PackRows8(cons
       r[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i * k + 2 * p));
       any |= Subnormal16(r[i]);
     }
-    const __m256i t0 = _mm256_unpacklo_epi32(r[0], r[1]), t1 = _mm256_unpackhi_epi32(r[0], r[1]);
-    const __m256i t2 = _mm256_unpacklo_epi32(r[2], r[3]), t3 = _mm256_unpackhi_epi32(r[2], r[3]);
-    const __m256i t4 = _mm256_unpacklo_epi32(r[4], r[5]), t5 = _mm256_unpackhi_epi32(r[4], r[5]);
-    const __m256i t6 = _mm256_unpacklo_epi32(r[6], r[7]), t7 = _mm256_unpackhi_epi32(r[6], r[7]);
-    const __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
-    const __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
-    const __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
-    const __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
-    uint32_t* out = dst + p * ld;
-    const auto at = [&](int q) { return reinterpret_cast<__m256i*>(out + q * ld); };
-    _mm256_storeu_si256(at(0), _mm256_permute2x128_si256(u0, u4, 0x20));
-    _mm256_storeu_si256(at(1), _mm256_permute2x128_si256(u1, u5, 0x20));
-    _mm256_storeu_si256(at(2), _mm256_permute2x128_si256(u2, u6, 0x20));
-    _mm256_storeu_si256(at(3), _mm256_permute2x128_si256(u3, u7, 0x20));
-    _mm256_storeu_si256(at(4), _mm256_permute2x128_si256(u0, u4, 0x31));
-    _mm256_storeu_si256(at(5), _mm256_permute2x128_si256(u1, u5, 0x31));
-    _mm256_storeu_si256(at(6), _mm256_permute2x128_si256(u2, u6, 0x31));
-    _mm256_storeu_si256(at(7), _mm256_permute2x128_si256(u3, u7, 0x31));
+    Transpose8x8Epi32(r);
+    for (int q = 0; q < 8; ++q) _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + (p + q) * ld), r[q]);
   }
   if (any) *hit = true;
   return p;
@@ -648,8 +662,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void StoreAccRow
                                                                                   const float* bias,
                                                                                   bool stream = false) {
   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-  const __mmask16 m0 = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
-  const __mmask16 m1 = cols >= 32 ? __mmask16(0xFFFF) : cols <= 16 ? __mmask16(0) : __mmask16((1u << (cols - 16)) - 1);
+  const auto [m0, m1] = MasksOf32(cols);
   if (out16 != nullptr) {
     const __m512 bias0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
     const __m512 bias1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
@@ -1237,21 +1250,10 @@ struct F32Job {
 
 // dst[q * ldd + i] = src[i * lds + q] for an 8 x 8 block (AVX).
 __attribute__((target("avx2"))) inline void Transpose8x8F32(const float* src, int64_t lds, float* dst, int64_t ldd) {
-  __m256 r[8];
-  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * lds);
-  __m256 u[8];
-  for (int h = 0; h < 8; h += 4) {
-    const __m256 t0 = _mm256_unpacklo_ps(r[h], r[h + 1]), t1 = _mm256_unpackhi_ps(r[h], r[h + 1]);
-    const __m256 t2 = _mm256_unpacklo_ps(r[h + 2], r[h + 3]), t3 = _mm256_unpackhi_ps(r[h + 2], r[h + 3]);
-    u[h] = _mm256_shuffle_ps(t0, t2, 0x44);      // columns 0 | 4 of rows h..h+3
-    u[h + 1] = _mm256_shuffle_ps(t0, t2, 0xEE);  // 1 | 5
-    u[h + 2] = _mm256_shuffle_ps(t1, t3, 0x44);  // 2 | 6
-    u[h + 3] = _mm256_shuffle_ps(t1, t3, 0xEE);  // 3 | 7
-  }
-  for (int q = 0; q < 4; ++q) {
-    _mm256_storeu_ps(dst + q * ldd, _mm256_permute2f128_ps(u[q], u[q + 4], 0x20));
-    _mm256_storeu_ps(dst + (q + 4) * ldd, _mm256_permute2f128_ps(u[q], u[q + 4], 0x31));
-  }
+  __m256i r[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_castps_si256(_mm256_loadu_ps(src + i * lds));
+  Transpose8x8Epi32(r);
+  for (int q = 0; q < 8; ++q) _mm256_storeu_ps(dst + q * ldd, _mm256_castsi256_ps(r[q]));
 }
 // dst[q * ldd + i] = src[i * lds + q] for a 4 x 8 block (4 rows, 8 columns).
 __attribute__((target("avx2"))) inline void Transpose4x8F32(const float* src, int64_t lds, float* dst, int64_t ldd) {
@@ -1313,8 +1315,7 @@ __attribute__((target("avx2,avx512f"))) void F32PackB(const F32Job& g, int64_t p
     const int64_t j0 = pan * kF32NR;
     const int cols = int(std::min<int64_t>(kF32NR, g.n - j0));
     if (!g.transb) {  // B is [K, N]: a panel row is 32 contiguous values
-      const __mmask16 m0 = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
-      const __mmask16 m1 = cols >= 32 ? __mmask16(0xFFFF) : cols > 16 ? __mmask16((1u << (cols - 16)) - 1) : 0;
+      const auto [m0, m1] = MasksOf32(cols);
       for (int64_t kk = 0; kk < k; ++kk) {
         const float* s = g.b + kk * g.n + j0;
         _mm512_store_ps(dst + kk * kF32NR, _mm512_maskz_loadu_ps(m0, s));
@@ -1365,8 +1366,7 @@ __attribute__((target("avx512f"))) void F32Tile(const float* ap, const float* bp
     ap += kF32MR;
     bp += kF32NR;
   }
-  const __mmask16 m0 = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
-  const __mmask16 m1 = cols >= 32 ? __mmask16(0xFFFF) : cols > 16 ? __mmask16((1u << (cols - 16)) - 1) : 0;
+  const auto [m0, m1] = MasksOf32(cols);
   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
   const bool read_c = !first || beta != 0.0f;
 #pragma GCC unroll 12
