@@ -1351,6 +1351,37 @@ TEST(GemmConformanceSpecial, F32TilesAcrossBoundaries) {
   ExpectConcurrentRunsMatch(p, *first.out[kD], 4);
 }
 
+// An fp32 D of >= 8 MiB that the own tiles store once (K within one chunk,
+// beta = 0, no epilogue after the GEMM) is written with non-temporal stores
+// (full 64-byte-aligned 32-column rows; the others, here every other row and
+// the 8-column last panel, keep masked stores). Checked against the
+// reference, with the guards around D intact, next to the same shape with
+// beta != 0 and with a bias epilogue (plain stores); with the own tiles on,
+// its first and last rows are also the bytes of the same rows computed in a
+// smaller call (plain stores; each element of D is summed in one fixed order).
+TEST(GemmConformanceSpecial, F32StreamedOutputMatchesReference) {
+  const int64_t m = 1030, n = 2056, k = 17;  // D 8.47 MB; rows 8224 bytes apart
+  for (int epi : {0, 4, 1}) {                // plain (streamed), c_alpha_beta, bias
+    SCOPED_TRACE(kEpilogues[epi].name);
+    Problem big = MakeGemm({DType::kF32, DType::kF32, DType::kF32}, kEpilogues[epi], m, n, k, false, false, "f32big");
+    CheckAll(big);
+    if (::testing::Test::HasFatalFailure()) return;
+    ASSERT_TRUE(big.Run("default.portable").ok());
+    EXPECT_TRUE(big.out[kD]->GuardsIntact());
+    if (epi != 0 || !tefl::backends::PortablePathOn(tefl::backends::PortablePath::kGemmF32Avx512)) continue;
+    const int64_t rows = 240;  // 240 x 2056 x 17 >= 2^23 multiply-adds: the own tiles, D 1.97 MB
+    auto at = [](const std::optional<Tensor>& t) { return static_cast<uint8_t*>(t->bytes()); };
+    for (int64_t r0 : {int64_t(0), m - rows}) {
+      SCOPED_TRACE(fmt::format("rows {}..{}", r0, r0 + rows));
+      Problem part = MakeGemm({DType::kF32, DType::kF32, DType::kF32}, kEpilogues[0], rows, n, k, false, false, "part");
+      std::memcpy(at(part.in[kA]), at(big.in[kA]) + size_t(r0 * k) * 4, size_t(rows * k) * 4);
+      std::memcpy(at(part.in[kB]), at(big.in[kB]), size_t(k * n) * 4);
+      ASSERT_TRUE(part.Run("default.portable").ok());
+      EXPECT_EQ(std::memcmp(at(big.out[kD]) + size_t(r0 * n) * 4, at(part.out[kD]), size_t(rows * n) * 4), 0);
+    }
+  }
+}
+
 TEST(GemmConformanceSpecial, ImplementationsCovered) {
   for (const char* op : {kGemm, kGrouped}) {
     const std::vector<std::string> ids = CpuImplementations(op);

@@ -1215,6 +1215,12 @@ constexpr int64_t kF32Kc = 2048;
 constexpr int64_t kF32SuperABytes = int64_t(150) << 10, kF32MinSuper = 3, kF32MaxSuper = 6;
 constexpr int64_t kF32GroupBytes = int64_t(1024) << 10;  // packed B per task's column group
 constexpr int64_t kF32MinRows = 2 * kF32MR, kF32MinCols = 128, kF32MinWork = int64_t(1) << 23;
+// A D of at least this many bytes that the tiles store once (one K chunk,
+// beta = 0) and nothing reads after the GEMM is written by non-temporal
+// stores: it would not stay in L2, and plain stores first read every line
+// of D from memory and push the group's B panels out of L2 (as the AMX
+// path's kAmxStreamBytes; figures in docs/perf-gemm.md, session 29).
+constexpr int64_t kF32StreamBytes = int64_t(8) << 20;
 
 // Floats of packed operands for an M x N x K fp32 GEMM, with the slack that
 // puts packed A and packed B each on a 64-byte boundary (B's panels are read
@@ -1245,6 +1251,7 @@ struct F32Job {
   float* c;  // [M, N]
   int64_t m_blocks, n_panels, m_supers, n_groups;
   int64_t gp, sb;                // panels per column group, row blocks per row super
+  bool stream = false;           // D by non-temporal stores (kF32StreamBytes)
   std::atomic<bool> hit{false};  // FusedSchedule's interface; packing fp32 never fails
 };
 
@@ -1348,9 +1355,10 @@ struct F32Prefetch {
 // [kc][32], 64-byte aligned), stored into the first `rows` x `cols` of c:
 // first: c = alpha * sum + beta * c (c not read when beta = 0); else
 // c += alpha * sum. pa, pb: prefetched on the way (pa.lines, pb.lines <= kc).
+// stream (first, beta = 0): full 64-byte-aligned rows by non-temporal stores.
 __attribute__((target("avx512f"))) void F32Tile(const float* ap, const float* bp, int64_t kc, float* c, int64_t ldc,
                                                 int rows, int cols, float alpha, float beta, bool first, F32Prefetch pa,
-                                                F32Prefetch pb) {
+                                                F32Prefetch pb, bool stream) {
   __m512 acc[kF32MR][2];
   for (auto& row : acc) row[0] = row[1] = _mm512_setzero_ps();
   for (int64_t kk = 0; kk < kc; ++kk) {
@@ -1379,8 +1387,13 @@ __attribute__((target("avx512f"))) void F32Tile(const float* ap, const float* bp
       r0 = first ? _mm512_fmadd_ps(vb, c0, r0) : _mm512_add_ps(c0, r0);
       r1 = first ? _mm512_fmadd_ps(vb, c1, r1) : _mm512_add_ps(c1, r1);
     }
-    _mm512_mask_storeu_ps(p, m0, r0);
-    _mm512_mask_storeu_ps(p + 16, m1, r1);
+    if (stream && cols == kF32NR && reinterpret_cast<uintptr_t>(p) % 64 == 0) {
+      _mm512_stream_ps(p, r0);
+      _mm512_stream_ps(p + 16, r1);
+    } else {
+      _mm512_mask_storeu_ps(p, m0, r0);
+      _mm512_mask_storeu_ps(p + 16, m1, r1);
+    }
   }
 }
 
@@ -1428,10 +1441,11 @@ void F32Task(const F32Job& g, int64_t v, int64_t s) {
         const int64_t bt = (blk - b0) * b_per_tile;
         if (bt < b_lines) pb = {reinterpret_cast<const char*>(b_next) + bt * 64, std::min(b_per_tile, b_lines - bt)};
         F32Tile(F32AChunk(g, k0, blk), bp, kc, g.c + blk * kF32MR * g.n + pan * kF32NR, g.n, rows, cols, g.alpha,
-                g.beta, k0 == 0, pa, pb);
+                g.beta, k0 == 0, pa, pb, g.stream);
       }
     }
   }
+  if (g.stream) _mm_sfence();  // the streamed rows are visible before the task counts as done
 }
 
 void FusedPackB(F32Job& g, int64_t v) { F32PackB(g, v * g.gp, std::min(g.n_panels, (v + 1) * g.gp)); }
@@ -1440,9 +1454,10 @@ void FusedRun(F32Job& g, int64_t v, int64_t s) { F32Task(g, v, s); }
 
 // c = alpha * op(A) op(B) + beta * c by the own kernel; packed holds
 // F32PackedFloats(m, n, k) floats, groups GrowGroups(n) counters (no
-// allocation here).
+// allocation here). c_final: nothing reads c after the call (it may be
+// streamed, kF32StreamBytes).
 void OwnSgemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-              const float* b, float beta, float* c, float* packed, FusedGroup* groups) {
+              const float* b, float beta, float* c, bool c_final, float* packed, FusedGroup* groups) {
   F32Job g;
   g.m = m;
   g.n = n;
@@ -1454,6 +1469,7 @@ void OwnSgemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, 
   g.alpha = alpha;
   g.beta = beta;
   g.c = c;
+  g.stream = c_final && beta == 0.0f && k <= kF32Kc && m * n * int64_t(sizeof(float)) >= kF32StreamBytes;
   g.m_blocks = (m + kF32MR - 1) / kF32MR;
   g.n_panels = (n + kF32NR - 1) / kF32NR;
   g.sb = std::clamp<int64_t>(kF32SuperABytes / (kF32MR * 4 * std::min(k, kF32Kc)), kF32MinSuper, kF32MaxSuper);
@@ -1479,10 +1495,11 @@ void ReserveOwnF32(Workspace& ws, int64_t m, int64_t n, int64_t k) {
 // c = alpha * op(A) op(B) + beta * c (BLAS semantics; k > 0, alpha != 0).
 // The own kernel runs only with the buffers ReserveOwnF32 grew (the choice
 // is made twice; a test that flips the switch in between gets OpenBLAS).
+// c_final: c is the call's output and no epilogue reads it.
 void Sgemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-           const float* b, float beta, float* c, Workspace& ws) {
+           const float* b, float beta, float* c, bool c_final, Workspace& ws) {
   if (UseOwnF32(m, n, k) && ws.packed32.size() >= F32PackedFloats(m, n, k) && ws.groups_cap >= size_t((n + 31) / 32)) {
-    OwnSgemm(f, ta, tb, m, n, k, alpha, a, b, beta, c, ws.packed32.data(), ws.groups.get());
+    OwnSgemm(f, ta, tb, m, n, k, alpha, a, b, beta, c, c_final, ws.packed32.data(), ws.groups.get());
   } else {
     BlasSgemm(f, ta, tb, m, n, k, alpha, a, b, beta, c);
   }
@@ -1561,6 +1578,7 @@ void Run(const tefl_call_frame* f, const Gemm& g, std::vector<float>& scratch) {
     return;
   }
   const int64_t mn = g.m * g.n;
+  const bool epilogue = g.bias || g.gelu || g.dgelu || g.amax || g.td != DType::kF32;
   float* acc = g.td == DType::kF32 ? static_cast<float*>(g.d) : nullptr;
   if (acc == nullptr) {
     Grow(scratch, size_t(mn));
@@ -1578,9 +1596,9 @@ void Run(const tefl_call_frame* f, const Gemm& g, std::vector<float>& scratch) {
   } else if (g.a16 != nullptr) {
     Bf16Gemm(f, g.transa, g.transb, g.m, g.n, g.k, g.alpha, g.a16, g.b16, beta, acc, *g.packed, g.prepacked, g.amx);
   } else {
-    Sgemm(f, g.transa, g.transb, g.m, g.n, g.k, g.alpha, g.a, g.b, beta, acc, *g.ws);
+    Sgemm(f, g.transa, g.transb, g.m, g.n, g.k, g.alpha, g.a, g.b, beta, acc, !epilogue && !g.col_sums, *g.ws);
   }
-  if (g.bias || g.gelu || g.dgelu || g.amax || g.td != DType::kF32) {
+  if (epilogue) {
     EpilogueCtx e{&g, acc};
     const int64_t grain = std::max<int64_t>(1, (int64_t(16) << 10) / g.n);
     f->host->parallel_for(g.m, grain, EpilogueBody, &e);
