@@ -1237,8 +1237,10 @@ TEST(GemmConcurrency, ParallelCallsMatchSerial) {
 // transpose, bf16 D written from the tiles (plain, bias) and fp32 D with C
 // (beta) or through the GELU epilogue.
 TEST(GemmConformanceSpecial, AmxTilesAcrossBoundaries) {
-  std::printf("[  NOTE    ] AMX tiles %s\n",
-              tefl::backends::PortablePathOn(tefl::backends::PortablePath::kGemmAmx) ? "on" : "off (not this CPU)");
+  using tefl::backends::PortablePath;
+  const bool amx_on = tefl::backends::PortablePathOn(PortablePath::kGemmAmx);
+  std::printf("[  NOTE    ] AMX tiles %s\n", amx_on ? "on" : "off (not this CPU)");
+  const unsigned long long amx_runs = tefl::backends::PortablePathRuns(PortablePath::kGemmAmx);
   const Shape shapes[] = {{33, 33, 255}, {64, 32, 256}, {65, 97, 257}, {31, 129, 513}, {97, 40, 33}, {32, 64, 1}};
   const int epilogues[] = {0, 1, 4, 2};  // plain, bias, c_alpha_beta, gelu_bias_pre
   for (const Shape& sh : shapes)
@@ -1265,6 +1267,12 @@ TEST(GemmConformanceSpecial, AmxTilesAcrossBoundaries) {
     ASSERT_TRUE(first.Run("default.portable").ok());
     ASSERT_TRUE(again.Run("default.portable").ok());
     EXPECT_TRUE(again.out[kD]->SameBytes(*first.out[kD]));
+  }
+  // The tiles ran where the switch is on, and only there.
+  if (amx_on) {
+    EXPECT_GT(tefl::backends::PortablePathRuns(PortablePath::kGemmAmx), amx_runs);
+  } else {
+    EXPECT_EQ(tefl::backends::PortablePathRuns(PortablePath::kGemmAmx), amx_runs);
   }
 }
 
@@ -1304,8 +1312,9 @@ TEST(GemmConformanceSpecial, AmxStreamedOutputMatchesSmallCall) {
 // fallback of the bf16 path lands here). The same bytes again on 1 and 3 threads
 // (ctest GemmThreads1/3 run this too) and from two threads at once.
 TEST(GemmConformanceSpecial, F32TilesAcrossBoundaries) {
-  std::printf("[  NOTE    ] own fp32 tiles %s\n",
-              tefl::backends::PortablePathOn(tefl::backends::PortablePath::kGemmF32Avx512) ? "on" : "off (OpenBLAS)");
+  using tefl::backends::PortablePath;
+  const bool own_on = tefl::backends::PortablePathOn(PortablePath::kGemmF32Avx512);
+  std::printf("[  NOTE    ] own fp32 tiles %s\n", own_on ? "on" : "off (OpenBLAS)");
   const Shape shapes[] = {{107, 152, 2100}, {24, 128, 5999}, {1000, 1000, 9}, {385, 150, 200}, {1200, 1008, 7}};
   const int epilogues[] = {0, 4, 5, 6, 2};  // plain, c_alpha_beta, c_bias_beta0, accumulate, gelu_bias_pre
   for (const Shape& sh : shapes)
@@ -1316,8 +1325,16 @@ TEST(GemmConformanceSpecial, F32TilesAcrossBoundaries) {
         SCOPED_TRACE(fmt::format("{}x{}x{} transa={} transb={} {}", sh.m, sh.n, sh.k, ta, tb, kEpilogues[epi].name));
         Problem p = MakeGemm({DType::kF32, DType::kF32, DType::kF32}, kEpilogues[epi], sh.m, sh.n, sh.k, ta, tb,
                              fmt::format("f32t{}{}{}", sh.m, sh.n, sh.k));
+        const unsigned long long runs = tefl::backends::PortablePathRuns(PortablePath::kGemmF32Avx512);
         CheckAll(p);
         if (::testing::Test::HasFatalFailure()) return;
+        // Every shape here is large enough for the own tiles: they ran where the switch is on, and only there.
+        const unsigned long long after = tefl::backends::PortablePathRuns(PortablePath::kGemmF32Avx512);
+        if (own_on) {
+          EXPECT_GT(after, runs);
+        } else {
+          EXPECT_EQ(after, runs);
+        }
       }
   for (const DTypes& dt :
        {DTypes{DType::kE4M3, DType::kE5M2, DType::kF32}, DTypes{DType::kF16, DType::kF16, DType::kF16}}) {

@@ -177,4 +177,10 @@ void ReloadPortableSwitches() {
   for (std::atomic<int>& s : g_state) s.store(-1, std::memory_order_relaxed);
 }
 
+namespace {
+std::atomic<unsigned long long> g_runs[size_t(PortablePath::kCount)];  // zero-initialised (constant init)
+}  // namespace
+void CountPortablePathRun(PortablePath path) { g_runs[size_t(path)].fetch_add(1, std::memory_order_relaxed); }
+unsigned long long PortablePathRuns(PortablePath path) { return g_runs[size_t(path)].load(std::memory_order_relaxed); }
+
 }  // namespace tefl::backends

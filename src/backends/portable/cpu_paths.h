@@ -54,6 +54,12 @@ bool CpuHasAvx512Bmi2();
 bool CpuHasAmxBf16();
 bool PortablePathOn(PortablePath path);
 void ReloadPortableSwitches();
+// How many calls ran a path's kernel in this process (relaxed counters, for
+// tests and diagnostics: a switch that is on says the path may run, this
+// says it did). Counted for the two GEMM paths, kGemmF32Avx512 (the own fp32
+// tiles) and kGemmAmx (the AMX tiles), once per GEMM that reaches the tiles.
+void CountPortablePathRun(PortablePath path);
+unsigned long long PortablePathRuns(PortablePath path);
 
 }  // namespace tefl::backends
 

@@ -1081,6 +1081,7 @@ void Bf16Gemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, 
     f->host->parallel_for(g.m_blocks, 1, PackAAnyBody, &g);
     f->host->parallel_for(g.n_panels, 1, PackBBody, &g);
   }
+  if (amx) CountPortablePathRun(PortablePath::kGemmAmx);
   f->host->parallel_for(g.n_groups * g.m_supers, 1, amx ? AmxBody : out16 ? Bf16DirectBody : Bf16ComputeBody, &g);
 }
 
@@ -1187,7 +1188,9 @@ bool Bf16FusedDirect(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int6
   g.bias = bias;
   g.row_a = !amx && !ta && k % 2 == 0 && reinterpret_cast<uintptr_t>(a) % 4 == 0;
   FusedSchedule(f, g, groups);
-  return !g.hit.load();
+  const bool ran = !g.hit.load();
+  if (ran && amx) CountPortablePathRun(PortablePath::kGemmAmx);
+  return ran;
 }
 
 // ---- fp32 on AVX-512: own packing and 12 x 32 register tiles -----------------------
@@ -1482,6 +1485,7 @@ void OwnSgemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, 
   const uintptr_t base = reinterpret_cast<uintptr_t>(packed);
   g.ap = packed + ((64 - base % 64) % 64) / sizeof(float);
   g.bp = g.ap + (size_t(g.m_blocks) * size_t(k) * kF32MR + 15) / 16 * 16;
+  CountPortablePathRun(PortablePath::kGemmF32Avx512);
   FusedSchedule(f, g, groups);
 }
 
