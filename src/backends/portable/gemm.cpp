@@ -374,7 +374,8 @@ struct Bf16Job {
   uint16_t* out16;    // direct bf16 output [M, N] (then c is unused), or NULL
   const float* bias;  // [N] fp32 added before the bf16 rounding, or NULL
   int64_t m_blocks, n_panels, m_supers, n_groups;
-  bool row_a = false;            // the tiles read row-major A in place (A not packed)
+  bool row_a = false;            // the tiles read row-major A in place (A scanned, not packed; with amx, all
+                                 // but a partial last row block: AmxBlockInPlace)
   std::atomic<bool> hit{false};  // packing saw a subnormal bf16 value
 };
 
@@ -794,14 +795,17 @@ __attribute__((target("amx-tile"))) void AmxBegin() {
 __attribute__((target("amx-tile"))) void AmxEnd() { _tile_release(); }
 
 // acc[kAmxRows][kNR] (+)= A block . B panel over `steps` K steps of
-// kAmxPairs pairs: `first` starts from zero, else from acc. Not inlined, and
+// kAmxPairs pairs: `first` starts from zero, else from acc. A step's two A
+// tiles are at ap and ap + a_hi (words), their rows a_ld bytes apart, and
+// ap moves a_step words per step (packed A, or A itself read in place). Not inlined, and
 // fenced: GCC's tile intrinsics are asm statements that do not tell the
 // compiler which memory they read or write. pf: pf_per_step cache lines
 // per step are prefetched into L2 from there on (AmxBody), interleaved with
 // the tiles (a burst of prefetches stalls on the fill buffers).
-__attribute__((target("amx-tile,amx-bf16"), noinline)) void AmxBlock(const uint32_t* ap, const uint32_t* bp,
-                                                                     int64_t steps, float* acc, bool first,
-                                                                     const char* pf, int64_t pf_per_step) {
+__attribute__((target("amx-tile,amx-bf16"), noinline)) void AmxBlock(const uint32_t* ap, int64_t a_ld, int64_t a_hi,
+                                                                     int64_t a_step, const uint32_t* bp, int64_t steps,
+                                                                     float* acc, bool first, const char* pf,
+                                                                     int64_t pf_per_step) {
   asm volatile("" ::: "memory");
   if (first) {
     _tile_zero(0);
@@ -819,21 +823,21 @@ __attribute__((target("amx-tile,amx-bf16"), noinline)) void AmxBlock(const uint3
   // step ahead of its own products (steps >= 1).
   const uint32_t* a = ap;
   const uint32_t* b = bp;
-  _tile_loadd(4, a, kAmxPairs * 4);
+  _tile_loadd(4, a, a_ld);
   _tile_loadd(6, b, kNR * 4);
   _tile_loadd(7, b + 16, kNR * 4);
-  _tile_loadd(5, a + 16 * kAmxPairs, kAmxPairs * 4);
+  _tile_loadd(5, a + a_hi, a_ld);
   for (int64_t st = 1; st < steps; ++st) {
-    a += kAmxRows * kAmxPairs;
+    a += a_step;
     b += kAmxPairs * kNR;
     for (int64_t i = 0; i < pf_per_step; ++i, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
     _tile_dpbf16ps(0, 4, 6);
     _tile_dpbf16ps(1, 4, 7);
-    _tile_loadd(4, a, kAmxPairs * 4);
+    _tile_loadd(4, a, a_ld);
     _tile_dpbf16ps(2, 5, 6);
     _tile_loadd(6, b, kNR * 4);
     _tile_dpbf16ps(3, 5, 7);
-    _tile_loadd(5, a + 16 * kAmxPairs, kAmxPairs * 4);
+    _tile_loadd(5, a + a_hi, a_ld);
     _tile_loadd(7, b + 16, kNR * 4);
   }
   _tile_dpbf16ps(0, 4, 6);
@@ -865,6 +869,16 @@ constexpr int64_t kAmxStreamBytes = int64_t(8) << 20;
 // (AmxBody). 4096 x 4096 x 1024 4-5 % faster, 2048^3 level (bench_gemm,
 // alternated, session 27).
 constexpr int64_t kAmxPrefetchABytes = int64_t(2) << 20;
+// The AMX tiles of a direct bf16 D read an untransposed, 64-byte-aligned A
+// in place (tile rows K bf16 apart; A only scanned for subnormals, not
+// packed) when K is a multiple of 32 and at least this: measured faster from
+// K = 2048 (2048 x 2048 x 4096 11 %, 4096^3 7 %, 2048^3 2-5 %, 4096^2 x 2048
+// level) and slower below (4096^2 x 1024 3-6 %, 4096^2 x 512 5 %;
+// docs/perf-gemm.md, session 29). A partial last row block is still packed
+// (its rows past M are zeros).
+constexpr int64_t kAmxInPlaceMinK = 2048;
+// Whether block blk of g is read in place (AmxBody).
+bool AmxBlockInPlace(const Bf16Job& g, int64_t blk) { return g.row_a && (blk + 1) * kAmxRows <= g.m; }
 void AmxBody(void* ctx, int64_t begin, int64_t end) {
   const auto& g = *static_cast<const Bf16Job*>(ctx);
   constexpr int64_t blocks_per_super = kSuperRows / kAmxRows;
@@ -887,8 +901,13 @@ void AmxBody(void* ctx, int64_t begin, int64_t end) {
     int64_t pf_lines = 0;
     if (sup + 1 < g.m_supers && prefetch_a) {
       const int64_t nb0 = b1, nb1 = std::min(g.m_blocks, nb0 + blocks_per_super);
-      pf = reinterpret_cast<const char*>(g.ap + size_t(nb0) * size_t(g.kpa) * kAmxRows);
-      pf_end = pf + size_t(nb1 - nb0) * size_t(g.kpa) * kAmxRows * 4;
+      if (g.row_a) {  // A's rows themselves (to its end)
+        pf = reinterpret_cast<const char*>(g.a + size_t(nb0) * kAmxRows * size_t(g.k));
+        pf_end = reinterpret_cast<const char*>(g.a + size_t(std::min(g.m, nb1 * kAmxRows)) * size_t(g.k));
+      } else {
+        pf = reinterpret_cast<const char*>(g.ap + size_t(nb0) * size_t(g.kpa) * kAmxRows);
+        pf_end = pf + size_t(nb1 - nb0) * size_t(g.kpa) * kAmxRows * 4;
+      }
       const int64_t calls = (p1 - p0) * (b1 - b0) * ((steps + kAmxChunkSteps - 1) / kAmxChunkSteps);
       pf_lines = ((pf_end - pf) / 64 + calls - 1) / calls;
     }
@@ -899,8 +918,15 @@ void AmxBody(void* ctx, int64_t begin, int64_t end) {
         for (int64_t blk = b0; blk < b1; ++blk) {
           // Lines for the steps after the first (AmxBlock's loop).
           const int64_t per_step = pf < pf_end && ns > 1 ? (pf_lines + ns - 2) / (ns - 1) : 0;
-          AmxBlock(g.ap + size_t(blk) * size_t(g.kpa) * kAmxRows + size_t(s0) * (kAmxRows * kAmxPairs),
-                   bp + size_t(s0) * (kAmxPairs * kNR), ns, acc[blk - b0], s0 == 0, pf, per_step);
+          if (AmxBlockInPlace(g, blk)) {  // rows k bf16 apart, a step is 16 words along them
+            AmxBlock(reinterpret_cast<const uint32_t*>(g.a + size_t(blk) * kAmxRows * size_t(g.k)) + s0 * kAmxPairs,
+                     g.k * 2, 16 * (g.k / 2), kAmxPairs, bp + size_t(s0) * (kAmxPairs * kNR), ns, acc[blk - b0],
+                     s0 == 0, pf, per_step);
+          } else {
+            AmxBlock(g.ap + size_t(blk) * size_t(g.kpa) * kAmxRows + size_t(s0) * (kAmxRows * kAmxPairs), kAmxPairs * 4,
+                     16 * kAmxPairs, kAmxRows * kAmxPairs, bp + size_t(s0) * (kAmxPairs * kNR), ns, acc[blk - b0],
+                     s0 == 0, pf, per_step);
+          }
           pf += per_step * (ns - 1) * 64;
         }
       }
@@ -1163,6 +1189,7 @@ void FusedPackA(Bf16Job& g, int64_t u) {
   if (g.row_a) {  // A read in place: only its subnormal check
     const int64_t r0 = u * kSuperRows, r1 = std::min(g.m, r0 + kSuperRows);
     if (AnySubnormalBf16(g.a + r0 * g.k, (r1 - r0) * g.k)) g.hit.store(true, std::memory_order_relaxed);
+    if (g.amx && r1 == g.m && g.m % kAmxRows != 0) PackABlocks(g, g.m_blocks - 1, g.m_blocks);  // the partial block
   } else {
     const int64_t blocks_per_super = kSuperRows / g.mr;
     PackABlocks(g, u * blocks_per_super, std::min(g.m_blocks, (u + 1) * blocks_per_super));
@@ -1186,7 +1213,9 @@ bool Bf16FusedDirect(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int6
   g.c = nullptr;
   g.out16 = out16;
   g.bias = bias;
-  g.row_a = !amx && !ta && k % 2 == 0 && reinterpret_cast<uintptr_t>(a) % 4 == 0;
+  // AMX in place: also 64-byte-aligned A (with K % 32 == 0 every tile row is then one cache line).
+  const uintptr_t a_addr = reinterpret_cast<uintptr_t>(a);
+  g.row_a = !ta && (amx ? k % 32 == 0 && k >= kAmxInPlaceMinK && a_addr % 64 == 0 : k % 2 == 0 && a_addr % 4 == 0);
   FusedSchedule(f, g, groups);
   const bool ran = !g.hit.load();
   if (ran && amx) CountPortablePathRun(PortablePath::kGemmAmx);
