@@ -374,8 +374,9 @@ struct Bf16Job {
   uint16_t* out16;    // direct bf16 output [M, N] (then c is unused), or NULL
   const float* bias;  // [N] fp32 added before the bf16 rounding, or NULL
   int64_t m_blocks, n_panels, m_supers, n_groups;
-  bool row_a = false;            // the tiles read row-major A in place (A scanned, not packed; with amx, all
-                                 // but a partial last row block: AmxBlockInPlace)
+  bool row_a = false;  // the tiles read row-major A in place, A scanned instead of packed: with amx (set by
+                       // Bf16Setup) all but a partial last row block (AmxBlockInPlace); else the direct path's
+                       // vdpbf16ps tiles (set by Bf16FusedDirect)
   std::atomic<bool> hit{false};  // packing saw a subnormal bf16 value
 };
 
@@ -869,11 +870,9 @@ constexpr int64_t kAmxStreamBytes = int64_t(8) << 20;
 // (AmxBody). 4096 x 4096 x 1024 4-5 % faster, 2048^3 level (bench_gemm,
 // alternated, session 27).
 constexpr int64_t kAmxPrefetchABytes = int64_t(2) << 20;
-// The AMX tiles of a direct bf16 D read an untransposed, 64-byte-aligned A
-// in place (tile rows K bf16 apart; A only scanned for subnormals, not
-// packed) when K is a multiple of 32 and at least this: measured faster from
-// K = 2048 (2048 x 2048 x 4096 11 %, 4096^3 7 %, 2048^3 2-5 %, 4096^2 x 2048
-// level) and slower below (4096^2 x 1024 3-6 %, 4096^2 x 512 5 %;
+// The AMX tiles read an untransposed, 64-byte-aligned A in place (tile rows K bf16 apart; A only scanned for
+// subnormals, not packed) when K is a multiple of 32 and at least this: measured faster from K = 2048 (2048 x 2048 x
+// 4096 11 %, 4096^3 7 %, 2048^3 2-5 %, 4096^2 x 2048 level) and slower below (4096^2 x 1024 3-6 %, 4096^2 x 512 5 %;
 // docs/perf-gemm.md, session 29). A partial last row block is still packed
 // (its rows past M are zeros).
 constexpr int64_t kAmxInPlaceMinK = 2048;
@@ -943,9 +942,16 @@ void AmxBody(void* ctx, int64_t begin, int64_t end) {
   AmxEnd();
 }
 
-// Packing of op(A) blocks [begin, end) in the job's format.
+// Packing of op(A) blocks [begin, end) in the job's format; with the AMX
+// tiles reading A in place, only the scan of its full blocks for subnormals
+// and the packing of a partial last block.
 void PackABlocks(Bf16Job& g, int64_t begin, int64_t end) {
-  if (g.amx) {
+  if (g.amx && g.row_a) {
+    const int64_t full_end = std::min(end, g.m / kAmxRows);
+    if (begin < full_end && AnySubnormalBf16(g.a + begin * kAmxRows * g.k, (full_end - begin) * kAmxRows * g.k))
+      g.hit.store(true, std::memory_order_relaxed);
+    if (end > full_end) PackAAmxBody(&g, std::max(begin, full_end), end);
+  } else if (g.amx) {
     PackAAmxBody(&g, begin, end);
   } else {
     PackABody(&g, begin, end);
@@ -1069,6 +1075,9 @@ void Bf16Setup(Bf16Job& g, bool ta, bool tb, int64_t m, int64_t n, int64_t k, co
   g.transb = tb;
   g.a = static_cast<const uint16_t*>(a);
   g.b = static_cast<const uint16_t*>(b);
+  // AMX: a long untransposed A read in place (kAmxInPlaceMinK; with K % 32 ==
+  // 0 and A on a 64-byte boundary every tile row is one cache line).
+  g.row_a = amx && !ta && k % 32 == 0 && k >= kAmxInPlaceMinK && reinterpret_cast<uintptr_t>(a) % 64 == 0;
   g.m_blocks = (m + g.mr - 1) / g.mr;
   g.n_panels = (n + kNR - 1) / kNR;
   g.m_supers = (m + kSuperRows - 1) / kSuperRows;
@@ -1186,10 +1195,9 @@ void FusedSchedule(const tefl_call_frame* f, Job& g, FusedGroup* groups) {
 
 void FusedPackB(Bf16Job& g, int64_t v) { PackBBody(&g, v * g.gp, std::min(g.n_panels, (v + 1) * g.gp)); }
 void FusedPackA(Bf16Job& g, int64_t u) {
-  if (g.row_a) {  // A read in place: only its subnormal check
+  if (g.row_a && !g.amx) {  // A read in place: only its subnormal check
     const int64_t r0 = u * kSuperRows, r1 = std::min(g.m, r0 + kSuperRows);
     if (AnySubnormalBf16(g.a + r0 * g.k, (r1 - r0) * g.k)) g.hit.store(true, std::memory_order_relaxed);
-    if (g.amx && r1 == g.m && g.m % kAmxRows != 0) PackABlocks(g, g.m_blocks - 1, g.m_blocks);  // the partial block
   } else {
     const int64_t blocks_per_super = kSuperRows / g.mr;
     PackABlocks(g, u * blocks_per_super, std::min(g.m_blocks, (u + 1) * blocks_per_super));
@@ -1213,9 +1221,7 @@ bool Bf16FusedDirect(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int6
   g.c = nullptr;
   g.out16 = out16;
   g.bias = bias;
-  // AMX in place: also 64-byte-aligned A (with K % 32 == 0 every tile row is then one cache line).
-  const uintptr_t a_addr = reinterpret_cast<uintptr_t>(a);
-  g.row_a = !ta && (amx ? k % 32 == 0 && k >= kAmxInPlaceMinK && a_addr % 64 == 0 : k % 2 == 0 && a_addr % 4 == 0);
+  if (!amx) g.row_a = !ta && k % 2 == 0 && reinterpret_cast<uintptr_t>(a) % 4 == 0;  // amx: Bf16Setup
   FusedSchedule(f, g, groups);
   const bool ran = !g.hit.load();
   if (ran && amx) CountPortablePathRun(PortablePath::kGemmAmx);
