@@ -798,9 +798,9 @@ __attribute__((target("amx-tile"))) void AmxEnd() { _tile_release(); }
 // acc[kAmxRows][kNR] (+)= A block . B panel over `steps` K steps of
 // kAmxPairs pairs: `first` starts from zero, else from acc. A step's two A
 // tiles are at ap and ap + a_hi (words), their rows a_ld bytes apart, and
-// ap moves a_step words per step (packed A, or A itself read in place). Not inlined, and
-// fenced: GCC's tile intrinsics are asm statements that do not tell the
-// compiler which memory they read or write. pf: pf_per_step cache lines
+// ap moves a_step words per step (packed A, or A itself read in place). Not
+// inlined, and fenced: GCC's tile intrinsics are asm statements that do not
+// tell the compiler which memory they read or write. pf: pf_per_step cache lines
 // per step are prefetched into L2 from there on (AmxBody), interleaved with
 // the tiles (a burst of prefetches stalls on the fill buffers).
 __attribute__((target("amx-tile,amx-bf16"), noinline)) void AmxBlock(const uint32_t* ap, int64_t a_ld, int64_t a_hi,
@@ -870,11 +870,12 @@ constexpr int64_t kAmxStreamBytes = int64_t(8) << 20;
 // (AmxBody). 4096 x 4096 x 1024 4-5 % faster, 2048^3 level (bench_gemm,
 // alternated, session 27).
 constexpr int64_t kAmxPrefetchABytes = int64_t(2) << 20;
-// The AMX tiles read an untransposed, 64-byte-aligned A in place (tile rows K bf16 apart; A only scanned for
-// subnormals, not packed) when K is a multiple of 32 and at least this: measured faster from K = 2048 (2048 x 2048 x
-// 4096 11 %, 4096^3 7 %, 2048^3 2-5 %, 4096^2 x 2048 level) and slower below (4096^2 x 1024 3-6 %, 4096^2 x 512 5 %;
-// docs/perf-gemm.md, session 29). A partial last row block is still packed
-// (its rows past M are zeros).
+// The AMX tiles read an untransposed, 64-byte-aligned A in place (tile
+// rows K bf16 apart; A only scanned for subnormals, not packed) when K is a
+// multiple of 32 and at least this: measured faster from K = 2048 (2048 x
+// 2048 x 4096 11 %, 4096^3 7 %, 2048^3 2-5 %, 4096^2 x 2048 level) and slower
+// below (4096^2 x 1024 3-6 %, 4096^2 x 512 5 %; docs/perf-gemm.md, session
+// 29). A partial last row block is still packed (its rows past M are zeros).
 constexpr int64_t kAmxInPlaceMinK = 2048;
 // Whether block blk of g is read in place (AmxBody).
 bool AmxBlockInPlace(const Bf16Job& g, int64_t blk) { return g.row_a && (blk + 1) * kAmxRows <= g.m; }
