@@ -873,7 +873,7 @@ constexpr int64_t kAmxPrefetchABytes = int64_t(2) << 20;
 // The AMX tiles read an untransposed, 64-byte-aligned A in place (tile
 // rows K bf16 apart; A only scanned for subnormals, not packed) when K is a
 // multiple of 32 and at least this: measured faster from K = 2048 (2048 x
-// 2048 x 4096 11 %, 4096^3 7 %, 2048^3 2-5 %, 4096^2 x 2048 level) and slower
+// 2048 x 4096 11 %, 4096^3 7 %, 2048^3 2-5 %; 4096^2 x 2048 0-2 % slower) and slower
 // below (4096^2 x 1024 3-6 %, 4096^2 x 512 5 %; docs/perf-gemm.md, session
 // 29). A partial last row block is still packed (its rows past M are zeros).
 constexpr int64_t kAmxInPlaceMinK = 2048;
