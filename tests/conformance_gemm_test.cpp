@@ -876,6 +876,34 @@ TEST(GroupedGemm, MatchesReferenceWithAnEmptyGroup) {
   }
 }
 
+// fp32 groups large enough for default.portable's own AVX-512 tiles next to
+// smaller ones (OpenBLAS, decided per group) and an empty one: plain, bias
+// with accumulate, and transa (m_splits splits K). Where the own tiles' switch
+// is on, they ran; where it is off, they did not.
+TEST(GroupedGemm, F32GroupsOnTheOwnTiles) {
+  using tefl::backends::PortablePath;
+  const bool own_on = tefl::backends::PortablePathOn(PortablePath::kGemmF32Avx512);
+  const GroupedCase cases[] = {
+      {DType::kF32, DType::kF32, false, false, false, false, 1.0f, 1.0f},
+      {DType::kF32, DType::kF32, true, true, true, false, 0.5f, 2.0f},
+      {DType::kF32, DType::kF32, false, false, false, false, 1.0f, 1.0f, true},
+  };
+  for (const GroupedCase& c : cases) {
+    SCOPED_TRACE(fmt::format("transa={} transb={} bias={} acc={}", c.transa, c.transb, c.bias, c.accumulate));
+    // 200 x 160 x 300 (transa: 300 x 160 x 200) >= 2^23 multiply-adds; 37 and 150 below.
+    Problem p = MakeGrouped(c, {0, 200, 37, 150}, 160, 300);
+    const unsigned long long runs = tefl::backends::PortablePathRuns(PortablePath::kGemmF32Avx512);
+    CheckAll(p);
+    if (::testing::Test::HasFatalFailure()) return;
+    const unsigned long long after = tefl::backends::PortablePathRuns(PortablePath::kGemmF32Avx512);
+    if (own_on) {
+      EXPECT_GT(after, runs);
+    } else {
+      EXPECT_EQ(after, runs);
+    }
+  }
+}
+
 // The grouped reference equals generic_gemm's reference group by group.
 TEST(GroupedGemm, ReferenceEqualsGenericPerGroup) {
   const std::vector<int64_t> splits = {4, 0, 6};
