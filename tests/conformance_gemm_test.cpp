@@ -718,6 +718,17 @@ TEST(GemmConformanceSpecial, DirectBf16ScheduleIndependent) {
     }
 }
 
+// Expects that `path`'s kernel ran since the count `before` (PortablePathRuns)
+// where its switch is on, and did not run where it is off.
+void ExpectPathRanWhereOn(tefl::backends::PortablePath path, unsigned long long before) {
+  const unsigned long long after = tefl::backends::PortablePathRuns(path);
+  if (tefl::backends::PortablePathOn(path)) {
+    EXPECT_GT(after, before) << "the path is on but did not run";
+  } else {
+    EXPECT_EQ(after, before) << "the path is off but ran";
+  }
+}
+
 // ---- te_general_grouped_gemm ------------------------------------------------------
 // in: A B m_splits bias a_scale_inv b_scale_inv d_scale; out: D pre_gelu_out bias_grad d_amax
 enum { kGSplits = 2, kGBias = 3 };
@@ -882,7 +893,6 @@ TEST(GroupedGemm, MatchesReferenceWithAnEmptyGroup) {
 // is on, they ran; where it is off, they did not.
 TEST(GroupedGemm, F32GroupsOnTheOwnTiles) {
   using tefl::backends::PortablePath;
-  const bool own_on = tefl::backends::PortablePathOn(PortablePath::kGemmF32Avx512);
   const GroupedCase cases[] = {
       {DType::kF32, DType::kF32, false, false, false, false, 1.0f, 1.0f},
       {DType::kF32, DType::kF32, true, true, true, false, 0.5f, 2.0f},
@@ -895,12 +905,7 @@ TEST(GroupedGemm, F32GroupsOnTheOwnTiles) {
     const unsigned long long runs = tefl::backends::PortablePathRuns(PortablePath::kGemmF32Avx512);
     CheckAll(p);
     if (::testing::Test::HasFatalFailure()) return;
-    const unsigned long long after = tefl::backends::PortablePathRuns(PortablePath::kGemmF32Avx512);
-    if (own_on) {
-      EXPECT_GT(after, runs);
-    } else {
-      EXPECT_EQ(after, runs);
-    }
+    ExpectPathRanWhereOn(PortablePath::kGemmF32Avx512, runs);
   }
 }
 
@@ -1296,12 +1301,7 @@ TEST(GemmConformanceSpecial, AmxTilesAcrossBoundaries) {
     ASSERT_TRUE(again.Run("default.portable").ok());
     EXPECT_TRUE(again.out[kD]->SameBytes(*first.out[kD]));
   }
-  // The tiles ran where the switch is on, and only there.
-  if (amx_on) {
-    EXPECT_GT(tefl::backends::PortablePathRuns(PortablePath::kGemmAmx), amx_runs);
-  } else {
-    EXPECT_EQ(tefl::backends::PortablePathRuns(PortablePath::kGemmAmx), amx_runs);
-  }
+  ExpectPathRanWhereOn(PortablePath::kGemmAmx, amx_runs);
 }
 
 // A bf16 D of >= 8 MiB is written from the AMX tiles with non-temporal
@@ -1395,13 +1395,8 @@ TEST(GemmConformanceSpecial, F32TilesAcrossBoundaries) {
         const unsigned long long runs = tefl::backends::PortablePathRuns(PortablePath::kGemmF32Avx512);
         CheckAll(p);
         if (::testing::Test::HasFatalFailure()) return;
-        // Every shape here is large enough for the own tiles: they ran where the switch is on, and only there.
-        const unsigned long long after = tefl::backends::PortablePathRuns(PortablePath::kGemmF32Avx512);
-        if (own_on) {
-          EXPECT_GT(after, runs);
-        } else {
-          EXPECT_EQ(after, runs);
-        }
+        // Every shape here is large enough for the own tiles.
+        ExpectPathRanWhereOn(PortablePath::kGemmF32Avx512, runs);
       }
   for (const DTypes& dt :
        {DTypes{DType::kE4M3, DType::kE5M2, DType::kF32}, DTypes{DType::kF16, DType::kF16, DType::kF16}}) {

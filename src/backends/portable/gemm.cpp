@@ -374,9 +374,9 @@ struct Bf16Job {
   uint16_t* out16;    // direct bf16 output [M, N] (then c is unused), or NULL
   const float* bias;  // [N] fp32 added before the bf16 rounding, or NULL
   int64_t m_blocks, n_panels, m_supers, n_groups;
-  bool row_a = false;  // the tiles read row-major A in place, A scanned instead of packed: with amx (set by
-                       // Bf16Setup) all but a partial last row block (AmxBlockInPlace); else the direct path's
-                       // vdpbf16ps tiles (set by Bf16FusedDirect)
+  bool row_a = false;            // the tiles read row-major A in place, A scanned instead of packed: with amx (set by
+                                 // Bf16Setup) all but a partial last row block (AmxA); else the direct path's
+                                 // vdpbf16ps tiles (set by Bf16FusedDirect)
   std::atomic<bool> hit{false};  // packing saw a subnormal bf16 value
 };
 
@@ -877,8 +877,20 @@ constexpr int64_t kAmxPrefetchABytes = int64_t(2) << 20;
 // below (4096^2 x 1024 3-6 %, 4096^2 x 512 5 %; docs/perf-gemm.md, session
 // 29). A partial last row block is still packed (its rows past M are zeros).
 constexpr int64_t kAmxInPlaceMinK = 2048;
-// Whether block blk of g is read in place (AmxBody).
-bool AmxBlockInPlace(const Bf16Job& g, int64_t blk) { return g.row_a && (blk + 1) * kAmxRows <= g.m; }
+// Where AmxBlock reads row block blk of op(A) from K step s0 on: A itself
+// (g.row_a, a full block: rows K bf16 apart, a step 16 words along them) or
+// the packed block (AmxBlock's arguments ap, a_ld, a_hi, a_step).
+struct AmxASource {
+  const uint32_t* p;
+  int64_t ld, hi, step;
+};
+AmxASource AmxA(const Bf16Job& g, int64_t blk, int64_t s0) {
+  if (g.row_a && (blk + 1) * kAmxRows <= g.m)
+    return {reinterpret_cast<const uint32_t*>(g.a + size_t(blk) * kAmxRows * size_t(g.k)) + s0 * kAmxPairs, g.k * 2,
+            16 * (g.k / 2), kAmxPairs};
+  return {g.ap + size_t(blk) * size_t(g.kpa) * kAmxRows + size_t(s0) * (kAmxRows * kAmxPairs), kAmxPairs * 4,
+          16 * kAmxPairs, kAmxRows * kAmxPairs};
+}
 void AmxBody(void* ctx, int64_t begin, int64_t end) {
   const auto& g = *static_cast<const Bf16Job*>(ctx);
   constexpr int64_t blocks_per_super = kSuperRows / kAmxRows;
@@ -918,15 +930,9 @@ void AmxBody(void* ctx, int64_t begin, int64_t end) {
         for (int64_t blk = b0; blk < b1; ++blk) {
           // Lines for the steps after the first (AmxBlock's loop).
           const int64_t per_step = pf < pf_end && ns > 1 ? (pf_lines + ns - 2) / (ns - 1) : 0;
-          if (AmxBlockInPlace(g, blk)) {  // rows k bf16 apart, a step is 16 words along them
-            AmxBlock(reinterpret_cast<const uint32_t*>(g.a + size_t(blk) * kAmxRows * size_t(g.k)) + s0 * kAmxPairs,
-                     g.k * 2, 16 * (g.k / 2), kAmxPairs, bp + size_t(s0) * (kAmxPairs * kNR), ns, acc[blk - b0],
-                     s0 == 0, pf, per_step);
-          } else {
-            AmxBlock(g.ap + size_t(blk) * size_t(g.kpa) * kAmxRows + size_t(s0) * (kAmxRows * kAmxPairs), kAmxPairs * 4,
-                     16 * kAmxPairs, kAmxRows * kAmxPairs, bp + size_t(s0) * (kAmxPairs * kNR), ns, acc[blk - b0],
-                     s0 == 0, pf, per_step);
-          }
+          const AmxASource a = AmxA(g, blk, s0);
+          AmxBlock(a.p, a.ld, a.hi, a.step, bp + size_t(s0) * (kAmxPairs * kNR), ns, acc[blk - b0], s0 == 0, pf,
+                   per_step);
           pf += per_step * (ns - 1) * 64;
         }
       }
