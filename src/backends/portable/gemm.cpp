@@ -795,6 +795,21 @@ __attribute__((target("amx-tile"))) void AmxBegin() {
 }
 __attribute__((target("amx-tile"))) void AmxEnd() { _tile_release(); }
 
+// The first step of the next AmxBlock call, prefetched into L1
+// kAmxNextStepLead steps before the end of this one: A's 32 tile rows (two
+// tiles at a, a + a_hi, rows a_ld bytes apart) and, where that call starts
+// a new B chunk, its 2 KiB of B. Only for an A read in place with K <=
+// kAmxNextStepMaxK: rows K bf16 apart fall into one or two L1 sets, so the
+// L1 streamer does not fetch them and each call would start on L2 latency
+// (bench_gemm, alternated: 1024^3 ~13 %, 2048^3 ~5 % faster). Measured
+// slower for packed A (contiguous per step, 2-4 %) and for K = 4096 (1-3 %;
+// a step's 32 rows there are on 32 pages); docs/perf-gemm.md, session 30.
+struct AmxNextStep {
+  const char* a = nullptr;
+  int64_t a_ld = 0, a_hi = 0;
+  const char* b = nullptr;
+};
+constexpr int64_t kAmxNextStepLead = 2, kAmxNextStepMaxK = 2048;
 // acc[kAmxRows][kNR] (+)= A block . B panel over `steps` K steps of
 // kAmxPairs pairs: `first` starts from zero, else from acc. A step's two A
 // tiles are at ap and ap + a_hi (words), their rows a_ld bytes apart, and
@@ -802,11 +817,16 @@ __attribute__((target("amx-tile"))) void AmxEnd() { _tile_release(); }
 // inlined, and fenced: GCC's tile intrinsics are asm statements that do not
 // tell the compiler which memory they read or write. pf: pf_per_step cache lines
 // per step are prefetched into L2 from there on (AmxBody), interleaved with
-// the tiles (a burst of prefetches stalls on the fill buffers).
+// the tiles (a burst of prefetches stalls on the fill buffers). next_*: the
+// fields of an AmxNextStep, prefetched into L1 kAmxNextStepLead steps before
+// the end (passed as scalars: the struct itself goes on the stack, and that
+// measured ~3 % slower at 4096^2 x 1024).
 __attribute__((target("amx-tile,amx-bf16"), noinline)) void AmxBlock(const uint32_t* ap, int64_t a_ld, int64_t a_hi,
                                                                      int64_t a_step, const uint32_t* bp, int64_t steps,
                                                                      float* acc, bool first, const char* pf,
-                                                                     int64_t pf_per_step) {
+                                                                     int64_t pf_per_step, const char* next_a,
+                                                                     int64_t next_a_ld, int64_t next_a_hi,
+                                                                     const char* next_b) {
   asm volatile("" ::: "memory");
   if (first) {
     _tile_zero(0);
@@ -832,6 +852,14 @@ __attribute__((target("amx-tile,amx-bf16"), noinline)) void AmxBlock(const uint3
     a += a_step;
     b += kAmxPairs * kNR;
     for (int64_t i = 0; i < pf_per_step; ++i, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
+    if (st == steps - kAmxNextStepLead && next_a) {
+      for (int r = 0; r < 16; ++r) {
+        _mm_prefetch(next_a + r * next_a_ld, _MM_HINT_T0);
+        _mm_prefetch(next_a + next_a_hi + r * next_a_ld, _MM_HINT_T0);
+      }
+      if (next_b)
+        for (int line = 0; line < 32; ++line) _mm_prefetch(next_b + line * 64, _MM_HINT_T0);
+    }
     _tile_dpbf16ps(0, 4, 6);
     _tile_dpbf16ps(1, 4, 7);
     _tile_loadd(4, a, a_ld);
@@ -872,11 +900,14 @@ constexpr int64_t kAmxStreamBytes = int64_t(8) << 20;
 constexpr int64_t kAmxPrefetchABytes = int64_t(2) << 20;
 // The AMX tiles read an untransposed, 64-byte-aligned A in place (tile
 // rows K bf16 apart; A only scanned for subnormals, not packed) when K is a
-// multiple of 32 and at least this: measured faster from K = 2048 (2048 x
-// 2048 x 4096 11 %, 4096^3 7 %, 2048^3 2-5 %; 4096^2 x 2048 0-2 % slower) and slower
-// below (4096^2 x 1024 3-6 %, 4096^2 x 512 5 %; docs/perf-gemm.md, session
-// 29). A partial last row block is still packed (its rows past M are zeros).
-constexpr int64_t kAmxInPlaceMinK = 2048;
+// multiple of 32 and at least this. With each call's first A step
+// prefetched into L1 (AmxNextStep), in place was faster from K = 1024
+// (bench_gemm, alternated: 1024^3 ~10 %, 2048^3 and 4096^2 x 2048 ~5 %,
+// 4096^2 x 1024 ~1 %) and 1-4 % slower at K = 512 (4096^2 x 512, 512^3);
+// without that prefetch only from K = 2048 (docs/perf-gemm.md, sessions
+// 29-30). A partial last row block is still packed (its rows past M are
+// zeros).
+constexpr int64_t kAmxInPlaceMinK = 1024;
 // Where AmxBlock reads row block blk of op(A) from K step s0 on: A itself
 // (g.row_a, a full block: rows K bf16 apart, a step 16 words along them) or
 // the packed block (AmxBlock's arguments ap, a_ld, a_hi, a_step).
@@ -890,6 +921,28 @@ AmxASource AmxA(const Bf16Job& g, int64_t blk, int64_t s0) {
             16 * (g.k / 2), kAmxPairs};
   return {g.ap + size_t(blk) * size_t(g.kpa) * kAmxRows + size_t(s0) * (kAmxRows * kAmxPairs), kAmxPairs * 4,
           16 * kAmxPairs, kAmxRows * kAmxPairs};
+}
+// The next call's first step after (blk, s0, pan) in AmxBody's order
+// (blocks b0..b1 within a chunk, chunks within a panel, panels up to p1),
+// when that call reads A in place (AmxNextStep); empty otherwise.
+AmxNextStep AmxNextOf(const Bf16Job& g, int64_t blk, int64_t s0, int64_t pan, int64_t b0, int64_t b1, int64_t p1) {
+  if (!g.row_a || g.k > kAmxNextStepMaxK) return {};
+  if (++blk == b1) {
+    blk = b0;
+    if ((s0 += kAmxChunkSteps) * kAmxPairs >= g.kpa) {
+      s0 = 0;
+      ++pan;
+    }
+  }
+  if (pan >= p1 || (blk + 1) * kAmxRows > g.m) return {};  // the task's end, or a packed partial block
+  const AmxASource a = AmxA(g, blk, s0);
+  AmxNextStep next;
+  next.a = reinterpret_cast<const char*>(a.p);
+  next.a_ld = a.ld;
+  next.a_hi = a.hi * int64_t(sizeof(uint32_t));
+  if (blk == b0)
+    next.b = reinterpret_cast<const char*>(g.bp + size_t(pan) * size_t(g.kpa) * kNR + size_t(s0) * (kAmxPairs * kNR));
+  return next;
 }
 void AmxBody(void* ctx, int64_t begin, int64_t end) {
   const auto& g = *static_cast<const Bf16Job*>(ctx);
@@ -931,8 +984,9 @@ void AmxBody(void* ctx, int64_t begin, int64_t end) {
           // Lines for the steps after the first (AmxBlock's loop).
           const int64_t per_step = pf < pf_end && ns > 1 ? (pf_lines + ns - 2) / (ns - 1) : 0;
           const AmxASource a = AmxA(g, blk, s0);
+          const AmxNextStep nx = AmxNextOf(g, blk, s0, pan, b0, b1, p1);
           AmxBlock(a.p, a.ld, a.hi, a.step, bp + size_t(s0) * (kAmxPairs * kNR), ns, acc[blk - b0], s0 == 0, pf,
-                   per_step);
+                   per_step, nx.a, nx.a_ld, nx.a_hi, nx.b);
           pf += per_step * (ns - 1) * 64;
         }
       }
