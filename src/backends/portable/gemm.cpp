@@ -795,7 +795,15 @@ __attribute__((target("amx-tile"))) void AmxBegin() {
 }
 __attribute__((target("amx-tile"))) void AmxEnd() { _tile_release(); }
 
-// The first step of the next AmxBlock call, prefetched into L1
+// Where the AMX tiles read a row block of A from a K step on: its two
+// 16-row tiles at p and p + hi (words), rows ld bytes apart, the next
+// step's step words further: A itself (g.row_a, a full block: rows K bf16
+// apart, a step 16 words along them) or the packed block (contiguous).
+struct AmxASource {
+  const uint32_t* p;
+  int64_t ld, hi, step;
+};
+// The first step of the next AmxBlocks call, prefetched into L1
 // kAmxNextStepLead steps before the end of this one: A's 32 tile rows (two
 // tiles at a, a + a_hi, rows a_ld bytes apart) and, where that call starts
 // a new B chunk, its 2 KiB of B. Only for an A read in place with K <=
@@ -810,23 +818,25 @@ struct AmxNextStep {
   const char* b = nullptr;
 };
 constexpr int64_t kAmxNextStepLead = 2, kAmxNextStepMaxK = 2048;
-// acc[kAmxRows][kNR] (+)= A block . B panel over `steps` K steps of
-// kAmxPairs pairs: `first` starts from zero, else from acc. A step's two A
-// tiles are at ap and ap + a_hi (words), their rows a_ld bytes apart, and
-// ap moves a_step words per step (packed A, or A itself read in place). Not
-// inlined, and fenced: GCC's tile intrinsics are asm statements that do not
-// tell the compiler which memory they read or write. pf: pf_per_step cache lines
-// per step are prefetched into L2 from there on (AmxBody), interleaved with
-// the tiles (a burst of prefetches stalls on the fill buffers). next_*: the
-// fields of an AmxNextStep, prefetched into L1 kAmxNextStepLead steps before
-// the end (passed as scalars: the struct itself goes on the stack, and that
-// measured ~3 % slower at 4096^2 x 1024).
-__attribute__((target("amx-tile,amx-bf16"), noinline)) void AmxBlock(const uint32_t* ap, int64_t a_ld, int64_t a_hi,
-                                                                     int64_t a_step, const uint32_t* bp, int64_t steps,
-                                                                     float* acc, bool first, const char* pf,
-                                                                     int64_t pf_per_step, const char* next_a,
-                                                                     int64_t next_a_ld, int64_t next_a_hi,
-                                                                     const char* next_b) {
+// For each of the nblk row blocks a[0..nblk) in turn, acc + j * kAmxRows *
+// kNR ([kAmxRows][kNR] fp32) (+)= block j . B panel over `steps` K steps of
+// kAmxPairs pairs (bp: the chunk's first step): `first` starts from zero,
+// else from acc. Between two blocks the next block's A and B tiles are
+// loaded while the finished sums are stored, before the next sums are
+// loaded (a call per block, packed A: 512^3 and 4096^2 x 512 ~2 % slower;
+// docs/perf-gemm.md, session 30). Not inlined, and fenced: GCC's tile
+// intrinsics are asm statements that do not tell the compiler which memory
+// they read or write. pf: pf_per_step cache lines per step are prefetched
+// into L2 from there on (AmxBody), interleaved with the tiles (a burst of
+// prefetches stalls on the fill buffers). next_*: the fields of an
+// AmxNextStep, prefetched into L1 kAmxNextStepLead steps before the end of
+// the last block (passed as scalars: the struct itself goes on the stack,
+// and that measured ~3 % slower at 4096^2 x 1024).
+__attribute__((target("amx-tile,amx-bf16"), noinline)) void AmxBlocks(const AmxASource* a, int64_t nblk,
+                                                                      const uint32_t* bp, int64_t steps, float* acc,
+                                                                      bool first, const char* pf, int64_t pf_per_step,
+                                                                      const char* next_a, int64_t next_a_ld,
+                                                                      int64_t next_a_hi, const char* next_b) {
   asm volatile("" ::: "memory");
   if (first) {
     _tile_zero(0);
@@ -842,41 +852,67 @@ __attribute__((target("amx-tile,amx-bf16"), noinline)) void AmxBlock(const uint3
   // Software-pipelined: tiles are not renamed, so each load is issued as
   // soon as the tile it overwrites has been read by its last product, a
   // step ahead of its own products (steps >= 1).
-  const uint32_t* a = ap;
-  const uint32_t* b = bp;
-  _tile_loadd(4, a, a_ld);
-  _tile_loadd(6, b, kNR * 4);
-  _tile_loadd(7, b + 16, kNR * 4);
-  _tile_loadd(5, a + a_hi, a_ld);
-  for (int64_t st = 1; st < steps; ++st) {
-    a += a_step;
-    b += kAmxPairs * kNR;
-    for (int64_t i = 0; i < pf_per_step; ++i, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
-    if (st == steps - kAmxNextStepLead && next_a) {
-      for (int r = 0; r < 16; ++r) {
-        _mm_prefetch(next_a + r * next_a_ld, _MM_HINT_T0);
-        _mm_prefetch(next_a + next_a_hi + r * next_a_ld, _MM_HINT_T0);
+  _tile_loadd(4, a[0].p, a[0].ld);
+  _tile_loadd(6, bp, kNR * 4);
+  _tile_loadd(7, bp + 16, kNR * 4);
+  _tile_loadd(5, a[0].p + a[0].hi, a[0].ld);
+  for (int64_t j = 0; j < nblk; ++j) {
+    const uint32_t* ap = a[j].p;
+    const int64_t a_ld = a[j].ld, a_hi = a[j].hi, a_step = a[j].step;
+    const uint32_t* b = bp;
+    const char* na = j + 1 == nblk ? next_a : nullptr;
+    for (int64_t st = 1; st < steps; ++st) {
+      ap += a_step;
+      b += kAmxPairs * kNR;
+      for (int64_t i = 0; i < pf_per_step; ++i, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
+      if (st == steps - kAmxNextStepLead && na) {
+        for (int r = 0; r < 16; ++r) {
+          _mm_prefetch(na + r * next_a_ld, _MM_HINT_T0);
+          _mm_prefetch(na + next_a_hi + r * next_a_ld, _MM_HINT_T0);
+        }
+        if (next_b)
+          for (int line = 0; line < 32; ++line) _mm_prefetch(next_b + line * 64, _MM_HINT_T0);
       }
-      if (next_b)
-        for (int line = 0; line < 32; ++line) _mm_prefetch(next_b + line * 64, _MM_HINT_T0);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_loadd(4, ap, a_ld);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_loadd(6, b, kNR * 4);
+      _tile_dpbf16ps(3, 5, 7);
+      _tile_loadd(5, ap + a_hi, a_ld);
+      _tile_loadd(7, b + 16, kNR * 4);
     }
+    float* c = acc + j * (kAmxRows * kNR);
+    const bool more = j + 1 < nblk;
     _tile_dpbf16ps(0, 4, 6);
     _tile_dpbf16ps(1, 4, 7);
-    _tile_loadd(4, a, a_ld);
+    if (more) _tile_loadd(4, a[j + 1].p, a[j + 1].ld);
     _tile_dpbf16ps(2, 5, 6);
-    _tile_loadd(6, b, kNR * 4);
     _tile_dpbf16ps(3, 5, 7);
-    _tile_loadd(5, a + a_hi, a_ld);
-    _tile_loadd(7, b + 16, kNR * 4);
+    _tile_stored(0, c, kNR * 4);
+    _tile_stored(1, c + 16, kNR * 4);
+    if (more) {
+      _tile_loadd(6, bp, kNR * 4);
+      _tile_loadd(5, a[j + 1].p + a[j + 1].hi, a[j + 1].ld);
+      _tile_loadd(7, bp + 16, kNR * 4);
+    }
+    _tile_stored(2, c + 16 * kNR, kNR * 4);
+    _tile_stored(3, c + 16 * kNR + 16, kNR * 4);
+    if (more) {
+      float* cn = c + kAmxRows * kNR;
+      if (first) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+      } else {
+        _tile_loadd(0, cn, kNR * 4);
+        _tile_loadd(1, cn + 16, kNR * 4);
+        _tile_loadd(2, cn + 16 * kNR, kNR * 4);
+        _tile_loadd(3, cn + 16 * kNR + 16, kNR * 4);
+      }
+    }
   }
-  _tile_dpbf16ps(0, 4, 6);
-  _tile_dpbf16ps(1, 4, 7);
-  _tile_dpbf16ps(2, 5, 6);
-  _tile_dpbf16ps(3, 5, 7);
-  _tile_stored(0, acc, kNR * 4);
-  _tile_stored(1, acc + 16, kNR * 4);
-  _tile_stored(2, acc + 16 * kNR, kNR * 4);
-  _tile_stored(3, acc + 16 * kNR + 16, kNR * 4);
   asm volatile("" ::: "memory");
 }
 
@@ -908,13 +944,7 @@ constexpr int64_t kAmxPrefetchABytes = int64_t(2) << 20;
 // 29-30). A partial last row block is still packed (its rows past M are
 // zeros).
 constexpr int64_t kAmxInPlaceMinK = 1024;
-// Where AmxBlock reads row block blk of op(A) from K step s0 on: A itself
-// (g.row_a, a full block: rows K bf16 apart, a step 16 words along them) or
-// the packed block (AmxBlock's arguments ap, a_ld, a_hi, a_step).
-struct AmxASource {
-  const uint32_t* p;
-  int64_t ld, hi, step;
-};
+// Where AmxBlocks reads row block blk of op(A) from K step s0 on.
 AmxASource AmxA(const Bf16Job& g, int64_t blk, int64_t s0) {
   if (g.row_a && (blk + 1) * kAmxRows <= g.m)
     return {reinterpret_cast<const uint32_t*>(g.a + size_t(blk) * kAmxRows * size_t(g.k)) + s0 * kAmxPairs, g.k * 2,
@@ -980,14 +1010,21 @@ void AmxBody(void* ctx, int64_t begin, int64_t end) {
       const uint32_t* bp = g.bp + size_t(pan) * size_t(g.kpa) * kNR;
       for (int64_t s0 = 0; s0 < steps; s0 += kAmxChunkSteps) {
         const int64_t ns = std::min(kAmxChunkSteps, steps - s0);
-        for (int64_t blk = b0; blk < b1; ++blk) {
-          // Lines for the steps after the first (AmxBlock's loop).
+        // Packed A: one call over the task's blocks; A read in place: one
+        // call per block, so that each call's first A step is prefetched
+        // (AmxNextStep; one call for both blocks was 5-7 % slower at 2048^3
+        // and 4096^2 x 1024; docs/perf-gemm.md, session 30).
+        const int64_t per_call = g.row_a ? 1 : b1 - b0;
+        for (int64_t blk = b0; blk < b1; blk += per_call) {
+          const int64_t nblk = std::min(per_call, b1 - blk);
+          // Lines per step of AmxBlocks's loops.
           const int64_t per_step = pf < pf_end && ns > 1 ? (pf_lines + ns - 2) / (ns - 1) : 0;
-          const AmxASource a = AmxA(g, blk, s0);
-          const AmxNextStep nx = AmxNextOf(g, blk, s0, pan, b0, b1, p1);
-          AmxBlock(a.p, a.ld, a.hi, a.step, bp + size_t(s0) * (kAmxPairs * kNR), ns, acc[blk - b0], s0 == 0, pf,
-                   per_step, nx.a, nx.a_ld, nx.a_hi, nx.b);
-          pf += per_step * (ns - 1) * 64;
+          AmxASource a[blocks_per_super];
+          for (int64_t j = 0; j < nblk; ++j) a[j] = AmxA(g, blk + j, s0);
+          const AmxNextStep nx = AmxNextOf(g, blk + nblk - 1, s0, pan, b0, b1, p1);
+          AmxBlocks(a, nblk, bp + size_t(s0) * (kAmxPairs * kNR), ns, acc[blk - b0], s0 == 0, pf, per_step, nx.a,
+                    nx.a_ld, nx.a_hi, nx.b);
+          pf += per_step * (ns - 1) * 64 * nblk;
         }
       }
       const int cols = int(std::min<int64_t>(kNR, g.n - pan * kNR));
