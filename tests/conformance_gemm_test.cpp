@@ -1334,10 +1334,11 @@ TEST(GemmConformanceSpecial, AmxStreamedOutputMatchesSmallCall) {
 // 1024 in place (only scanned for subnormals, not packed) when it is 64-byte
 // aligned, except a partial last row block, which is still packed: full and
 // partial blocks, at K = 1024 and 2048 (each call's first A step prefetched
-// into L1) and 2080 (not prefetched); a bf16 D written from the tiles (plain,
-// bias) and an fp32 D (C with beta, bias + GELU), against the reference. One subnormal value of
-// A in a full block or in the partial one sends the call to the exact path,
-// with either D. K = 2050 (not a multiple of 32) packs A as before.
+// into L1) and 2080 (not prefetched); a bf16 D written from the tiles
+// (plain, bias) and an fp32 D (C with beta, bias + GELU), against the
+// reference. One subnormal value of A in a full block or in the partial one
+// sends the call to the exact path, with either D. K = 2050 (not a multiple
+// of 32) packs A as before.
 TEST(GemmConformanceSpecial, AmxReadsLongUntransposedAInPlace) {
   const Shape shapes[] = {{64, 64, 2048}, {70, 96, 1024}, {70, 96, 2080}, {33, 64, 2050}};
   for (const Shape& sh : shapes)

@@ -809,15 +809,31 @@ struct AmxASource {
 // a new B chunk, its 2 KiB of B. Only for an A read in place with K <=
 // kAmxNextStepMaxK: rows K bf16 apart fall into one or two L1 sets, so the
 // L1 streamer does not fetch them and each call would start on L2 latency
-// (bench_gemm, alternated: 1024^3 ~13 %, 2048^3 ~5 % faster). Measured
-// slower for packed A (contiguous per step, 2-4 %) and for K = 4096 (1-3 %;
-// a step's 32 rows there are on 32 pages); docs/perf-gemm.md, session 30.
+// (bench_gemm, alternated, with kAmxInPlaceMinK: 1024^3 ~10 %, 2048^3 ~4 %
+// faster). Measured slower for packed A (contiguous per step, 2-4 %) and
+// for K = 4096 (1-3 %; a step's 32 rows there are on 32 pages);
+// docs/perf-gemm.md, session 30.
 struct AmxNextStep {
   const char* a = nullptr;
   int64_t a_ld = 0, a_hi = 0;
   const char* b = nullptr;
 };
 constexpr int64_t kAmxNextStepLead = 2, kAmxNextStepMaxK = 2048;
+// Tiles 0-3 = the 32 x 32 fp32 sums at acc ([kAmxRows][kNR]), or zero when
+// `first`.
+__attribute__((target("amx-tile"), always_inline)) inline void AmxLoadSums(const float* acc, bool first) {
+  if (first) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+  } else {
+    _tile_loadd(0, acc, kNR * 4);
+    _tile_loadd(1, acc + 16, kNR * 4);
+    _tile_loadd(2, acc + 16 * kNR, kNR * 4);
+    _tile_loadd(3, acc + 16 * kNR + 16, kNR * 4);
+  }
+}
 // For each of the nblk row blocks a[0..nblk) in turn, acc + j * kAmxRows *
 // kNR ([kAmxRows][kNR] fp32) (+)= block j . B panel over `steps` K steps of
 // kAmxPairs pairs (bp: the chunk's first step): `first` starts from zero,
@@ -838,17 +854,7 @@ __attribute__((target("amx-tile,amx-bf16"), noinline)) void AmxBlocks(const AmxA
                                                                       const char* next_a, int64_t next_a_ld,
                                                                       int64_t next_a_hi, const char* next_b) {
   asm volatile("" ::: "memory");
-  if (first) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-  } else {
-    _tile_loadd(0, acc, kNR * 4);
-    _tile_loadd(1, acc + 16, kNR * 4);
-    _tile_loadd(2, acc + 16 * kNR, kNR * 4);
-    _tile_loadd(3, acc + 16 * kNR + 16, kNR * 4);
-  }
+  AmxLoadSums(acc, first);
   // Software-pipelined: tiles are not renamed, so each load is issued as
   // soon as the tile it overwrites has been read by its last product, a
   // step ahead of its own products (steps >= 1).
@@ -898,20 +904,7 @@ __attribute__((target("amx-tile,amx-bf16"), noinline)) void AmxBlocks(const AmxA
     }
     _tile_stored(2, c + 16 * kNR, kNR * 4);
     _tile_stored(3, c + 16 * kNR + 16, kNR * 4);
-    if (more) {
-      float* cn = c + kAmxRows * kNR;
-      if (first) {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-      } else {
-        _tile_loadd(0, cn, kNR * 4);
-        _tile_loadd(1, cn + 16, kNR * 4);
-        _tile_loadd(2, cn + 16 * kNR, kNR * 4);
-        _tile_loadd(3, cn + 16 * kNR + 16, kNR * 4);
-      }
-    }
+    if (more) AmxLoadSums(c + kAmxRows * kNR, first);
   }
   asm volatile("" ::: "memory");
 }
@@ -938,7 +931,7 @@ constexpr int64_t kAmxPrefetchABytes = int64_t(2) << 20;
 // rows K bf16 apart; A only scanned for subnormals, not packed) when K is a
 // multiple of 32 and at least this. With each call's first A step
 // prefetched into L1 (AmxNextStep), in place was faster from K = 1024
-// (bench_gemm, alternated: 1024^3 ~10 %, 2048^3 and 4096^2 x 2048 ~5 %,
+// (bench_gemm, alternated: 1024^3 ~10 %, 2048^3 and 4096^2 x 2048 3-5 %,
 // 4096^2 x 1024 ~1 %) and 1-4 % slower at K = 512 (4096^2 x 512, 512^3);
 // without that prefetch only from K = 2048 (docs/perf-gemm.md, sessions
 // 29-30). A partial last row block is still packed (its rows past M are
