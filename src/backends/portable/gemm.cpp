@@ -945,6 +945,10 @@ AmxASource AmxA(const Bf16Job& g, int64_t blk, int64_t s0) {
   return {g.ap + size_t(blk) * size_t(g.kpa) * kAmxRows + size_t(s0) * (kAmxRows * kAmxPairs), kAmxPairs * 4,
           16 * kAmxPairs, kAmxRows * kAmxPairs};
 }
+// Packed B panel pan from K step s0 on.
+const uint32_t* AmxB(const Bf16Job& g, int64_t pan, int64_t s0) {
+  return g.bp + size_t(pan) * size_t(g.kpa) * kNR + size_t(s0) * (kAmxPairs * kNR);
+}
 // The next call's first step after (blk, s0, pan) in AmxBody's order
 // (blocks b0..b1 within a chunk, chunks within a panel, panels up to p1),
 // when that call reads A in place (AmxNextStep); empty otherwise.
@@ -963,8 +967,7 @@ AmxNextStep AmxNextOf(const Bf16Job& g, int64_t blk, int64_t s0, int64_t pan, in
   next.a = reinterpret_cast<const char*>(a.p);
   next.a_ld = a.ld;
   next.a_hi = a.hi * int64_t(sizeof(uint32_t));
-  if (blk == b0)
-    next.b = reinterpret_cast<const char*>(g.bp + size_t(pan) * size_t(g.kpa) * kNR + size_t(s0) * (kAmxPairs * kNR));
+  if (blk == b0) next.b = reinterpret_cast<const char*>(AmxB(g, pan, s0));
   return next;
 }
 void AmxBody(void* ctx, int64_t begin, int64_t end) {
@@ -1000,7 +1003,6 @@ void AmxBody(void* ctx, int64_t begin, int64_t end) {
       pf_lines = ((pf_end - pf) / 64 + calls - 1) / calls;
     }
     for (int64_t pan = p0; pan < p1; ++pan) {
-      const uint32_t* bp = g.bp + size_t(pan) * size_t(g.kpa) * kNR;
       for (int64_t s0 = 0; s0 < steps; s0 += kAmxChunkSteps) {
         const int64_t ns = std::min(kAmxChunkSteps, steps - s0);
         // Packed A: one call over the task's blocks; A read in place: one
@@ -1015,8 +1017,7 @@ void AmxBody(void* ctx, int64_t begin, int64_t end) {
           AmxASource a[blocks_per_super];
           for (int64_t j = 0; j < nblk; ++j) a[j] = AmxA(g, blk + j, s0);
           const AmxNextStep nx = AmxNextOf(g, blk + nblk - 1, s0, pan, b0, b1, p1);
-          AmxBlocks(a, nblk, bp + size_t(s0) * (kAmxPairs * kNR), ns, acc[blk - b0], s0 == 0, pf, per_step, nx.a,
-                    nx.a_ld, nx.a_hi, nx.b);
+          AmxBlocks(a, nblk, AmxB(g, pan, s0), ns, acc[blk - b0], s0 == 0, pf, per_step, nx.a, nx.a_ld, nx.a_hi, nx.b);
           pf += per_step * (ns - 1) * 64 * nblk;
         }
       }
@@ -1033,15 +1034,16 @@ void AmxBody(void* ctx, int64_t begin, int64_t end) {
   AmxEnd();
 }
 
-// Packing of op(A) blocks [begin, end) in the job's format; with the AMX
-// tiles reading A in place, only the scan of its full blocks for subnormals
-// and the packing of a partial last block.
+// Packing of op(A) blocks [begin, end) in the job's format; with A read in
+// place (g.row_a), only the scan of its rows for subnormals, and with the
+// AMX tiles the packing of a partial last block (AmxA; the vdpbf16ps tiles
+// read every row in place).
 void PackABlocks(Bf16Job& g, int64_t begin, int64_t end) {
-  if (g.amx && g.row_a) {
-    const int64_t full_end = std::min(end, g.m / kAmxRows);
-    if (begin < full_end && AnySubnormalBf16(g.a + begin * kAmxRows * g.k, (full_end - begin) * kAmxRows * g.k))
-      g.hit.store(true, std::memory_order_relaxed);
-    if (end > full_end) PackAAmxBody(&g, std::max(begin, full_end), end);
+  if (g.row_a) {
+    const int64_t in_place_end = g.amx ? std::min(end, g.m / kAmxRows) : end;
+    const int64_t r0 = begin * g.mr, r1 = std::min(g.m, in_place_end * g.mr);
+    if (r0 < r1 && AnySubnormalBf16(g.a + r0 * g.k, (r1 - r0) * g.k)) g.hit.store(true, std::memory_order_relaxed);
+    if (end > in_place_end) PackAAmxBody(&g, std::max(begin, in_place_end), end);
   } else if (g.amx) {
     PackAAmxBody(&g, begin, end);
   } else {
@@ -1286,13 +1288,8 @@ void FusedSchedule(const tefl_call_frame* f, Job& g, FusedGroup* groups) {
 
 void FusedPackB(Bf16Job& g, int64_t v) { PackBBody(&g, v * g.gp, std::min(g.n_panels, (v + 1) * g.gp)); }
 void FusedPackA(Bf16Job& g, int64_t u) {
-  if (g.row_a && !g.amx) {  // A read in place: only its subnormal check
-    const int64_t r0 = u * kSuperRows, r1 = std::min(g.m, r0 + kSuperRows);
-    if (AnySubnormalBf16(g.a + r0 * g.k, (r1 - r0) * g.k)) g.hit.store(true, std::memory_order_relaxed);
-  } else {
-    const int64_t blocks_per_super = kSuperRows / g.mr;
-    PackABlocks(g, u * blocks_per_super, std::min(g.m_blocks, (u + 1) * blocks_per_super));
-  }
+  const int64_t blocks_per_super = kSuperRows / g.mr;
+  PackABlocks(g, u * blocks_per_super, std::min(g.m_blocks, (u + 1) * blocks_per_super));
 }
 void FusedRun(Bf16Job& g, int64_t v, int64_t s) {
   (g.amx ? AmxBody : Bf16DirectBody)(&g, v * g.m_supers + s, v * g.m_supers + s + 1);
