@@ -32,6 +32,7 @@ using tefl::testing::MustServe;
 using tefl::testing::RunImplDL;
 using tefl::testing::Tensor;
 using tefl::testing::ToleranceFor;
+using tefl::testing::WithPortableSwitch;
 
 constexpr const char* kReference = tefl::testing::kReferenceImpl;
 constexpr const char* kGemm = "generic_gemm";
@@ -1461,6 +1462,60 @@ TEST(GemmConformanceSpecial, F32StreamedOutputMatchesReference) {
       EXPECT_EQ(std::memcmp(at(big.out[kD]) + size_t(r0 * n) * 4, at(part.out[kD]), size_t(rows * n) * 4), 0);
     }
   }
+}
+
+// With two or more threads the own fp32 tiles read an untransposed A in
+// place (no packing; a partial last row block is still packed) when
+// K <= 512 and N <= 1024, or K <= 64 at any N: partial row blocks and
+// panels, odd K, K = 512 exactly and K = 64 with a wide N, each epilogue
+// that reads or adds to D, against the reference; the same bytes with the
+// path switched off (the products are summed in the same order), and the
+// path's run counter moves exactly where the rule says (not with one thread,
+// a transposed A, K = 513, or N = 1056 at K = 65).
+TEST(GemmConformanceSpecial, F32ReadsUntransposedAInPlace) {
+  using tefl::backends::PortablePath;
+  const bool own_on = tefl::backends::PortablePathOn(PortablePath::kGemmF32Avx512);
+  const bool in_place_on = tefl::backends::PortablePathOn(PortablePath::kGemmF32AInPlace);
+  const int threads = tefl_host()->num_threads();
+  std::printf("[  NOTE    ] own fp32 tiles %s, A in place %s, %d threads\n", own_on ? "on" : "off",
+              in_place_on ? "on" : "off", threads);
+  struct Case {
+    Shape sh;
+    bool ta;
+    bool in_place;  // by the rule, given the own tiles, the switch and >= 2 threads
+  };
+  const Case cases[] = {
+      {{100, 650, 512}, false, true},   // 8 full blocks and one of 4 rows; a 10-column last panel
+      {{385, 150, 200}, false, true},   // K = 200
+      {{1000, 1000, 9}, false, true},   // K below one transpose block
+      {{48, 4104, 64}, false, true},    // K <= 64 at any N
+      {{128, 1056, 65}, false, false},  // N > 1024 with K > 64
+      {{36, 640, 513}, false, false},   // K > 512
+      {{100, 650, 512}, true, false},   // transposed A: packed
+  };
+  const int epilogues[] = {0, 4, 6, 2};  // plain, c_alpha_beta, accumulate, gelu_bias_pre
+  for (const Case& c : cases)
+    for (int epi : epilogues) {
+      SCOPED_TRACE(fmt::format("{}x{}x{} transa={} {}", c.sh.m, c.sh.n, c.sh.k, c.ta, kEpilogues[epi].name));
+      Problem p = MakeGemm({DType::kF32, DType::kF32, DType::kF32}, kEpilogues[epi], c.sh.m, c.sh.n, c.sh.k, c.ta,
+                           false, fmt::format("f32ip{}{}{}", c.sh.m, c.sh.n, c.sh.k));
+      const unsigned long long own_runs = tefl::backends::PortablePathRuns(PortablePath::kGemmF32Avx512);
+      const unsigned long long runs = tefl::backends::PortablePathRuns(PortablePath::kGemmF32AInPlace);
+      Problem got = p;
+      ASSERT_TRUE(got.Run("default.portable").ok());
+      const bool expect = own_on && in_place_on && threads >= 2 && c.in_place;
+      EXPECT_EQ(tefl::backends::PortablePathRuns(PortablePath::kGemmF32AInPlace) - runs, expect ? 1u : 0u);
+      EXPECT_EQ(tefl::backends::PortablePathRuns(PortablePath::kGemmF32Avx512) - own_runs, own_on ? 1u : 0u);
+      CheckAll(p);
+      if (::testing::Test::HasFatalFailure()) return;
+      Problem packed = p;
+      ASSERT_TRUE(WithPortableSwitch("TEFL_PORTABLE_GEMM_F32_A_IN_PLACE", "0",
+                                     [&] { return packed.Run("default.portable").ok(); }));
+      EXPECT_TRUE(packed.out[kD]->SameBytes(*got.out[kD])) << "A in place and packed differ";
+      if (p.out[kPreGelu]) {
+        EXPECT_TRUE(packed.out[kPreGelu]->SameBytes(*got.out[kPreGelu]));
+      }
+    }
 }
 
 TEST(GemmConformanceSpecial, ImplementationsCovered) {

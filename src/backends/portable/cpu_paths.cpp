@@ -26,18 +26,19 @@ struct PathInfo {
 };
 constexpr PathInfo kPaths[] = {
     // In PortablePath's order, one per line.
-    {"TEFL_PORTABLE_BF16_CVT", Needs::kAvx512Bf16},        // kBf16Cvt
-    {"TEFL_PORTABLE_BF16_FAST_ACT", Needs::kNothing},      // kBf16FastAct
-    {"TEFL_PORTABLE_ATTN_BF16DOT", Needs::kAvx512Bf16},    // kAttnBf16Dot
-    {"TEFL_PORTABLE_DROPOUT_AVX512", Needs::kAvx512Bmi2},  // kDropoutAvx512
-    {"TEFL_PORTABLE_BF16_ACT_TABLE", Needs::kNothing},     // kBf16ActTable
-    {"TEFL_PORTABLE_GEMM_AMX", Needs::kAmxBf16},           // kGemmAmx
-    {"TEFL_PORTABLE_GEMM_F32_AVX512", Needs::kAvx512},     // kGemmF32Avx512
+    {"TEFL_PORTABLE_BF16_CVT", Needs::kAvx512Bf16},         // kBf16Cvt
+    {"TEFL_PORTABLE_BF16_FAST_ACT", Needs::kNothing},       // kBf16FastAct
+    {"TEFL_PORTABLE_ATTN_BF16DOT", Needs::kAvx512Bf16},     // kAttnBf16Dot
+    {"TEFL_PORTABLE_DROPOUT_AVX512", Needs::kAvx512Bmi2},   // kDropoutAvx512
+    {"TEFL_PORTABLE_BF16_ACT_TABLE", Needs::kNothing},      // kBf16ActTable
+    {"TEFL_PORTABLE_GEMM_AMX", Needs::kAmxBf16},            // kGemmAmx
+    {"TEFL_PORTABLE_GEMM_F32_AVX512", Needs::kAvx512},      // kGemmF32Avx512
+    {"TEFL_PORTABLE_GEMM_F32_A_IN_PLACE", Needs::kAvx512},  // kGemmF32AInPlace
 };
 static_assert(sizeof(kPaths) / sizeof(kPaths[0]) == size_t(PortablePath::kCount));
 
 // Per path: -1 not read yet, else 0/1.
-std::atomic<int> g_state[size_t(PortablePath::kCount)] = {-1, -1, -1, -1, -1, -1, -1};
+std::atomic<int> g_state[size_t(PortablePath::kCount)] = {-1, -1, -1, -1, -1, -1, -1, -1};
 
 }  // namespace
 

@@ -22,6 +22,8 @@ enum class PortablePath : int {
                    // off: the vdpbf16ps tiles)
   kGemmF32Avx512,  // TEFL_PORTABLE_GEMM_F32_AVX512: fp32 GEMM by tefl's own packing and 12 x 32 AVX-512 register
                    // tiles (AVX512-F/BW/VL/DQ; off: OpenBLAS's cblas_sgemm)
+  kGemmF32AInPlace,  // TEFL_PORTABLE_GEMM_F32_A_IN_PLACE: the own fp32 tiles read an untransposed A where it is
+                     // (not packed) for short K and narrow N on two or more threads (off: always packed)
   kCount
 };
 
@@ -56,8 +58,9 @@ bool PortablePathOn(PortablePath path);
 void ReloadPortableSwitches();
 // How many calls ran a path's kernel in this process (relaxed counters, for
 // tests and diagnostics: a switch that is on says the path may run, this
-// says it did). Counted for the two GEMM paths, kGemmF32Avx512 (the own fp32
-// tiles) and kGemmAmx (the AMX tiles), once per GEMM that reaches the tiles.
+// says it did). Counted for the GEMM paths, kGemmF32Avx512 (the own fp32
+// tiles), kGemmF32AInPlace (those tiles with A in place) and kGemmAmx (the AMX
+// tiles), once per GEMM that reaches the tiles.
 void CountPortablePathRun(PortablePath path);
 unsigned long long PortablePathRuns(PortablePath path);
 

@@ -1347,6 +1347,17 @@ constexpr int64_t kF32MinRows = 2 * kF32MR, kF32MinCols = 128, kF32MinWork = int
 // of D from memory and push the group's B panels out of L2 (as the AMX
 // path's kAmxStreamBytes; figures in docs/perf-gemm.md, session 29).
 constexpr int64_t kF32StreamBytes = int64_t(8) << 20;
+// An untransposed A is read in place by the tiles (twelve rows lda apart,
+// each k's values broadcast from them; a partial last block is still packed)
+// when K <= kF32InPlaceMaxK (one chunk) and N <= kF32InPlaceMaxN, or
+// K <= kF32InPlaceAnyNMaxK, with two or more threads. The tile runs ~4 %
+// slower that way, so it pays only where packing A is a large share (its
+// cost is per A element, the tiles' per A element times N) and where packing
+// costs twice as much per byte as on one thread: each thread's tiles read
+// every packed row block, so the packer's stores first take the lines back
+// from the other core (docs/perf-gemm.md, session 31). Beyond K = 512 the
+// rows' stride maps a block's twelve lines into one or two L1 sets.
+constexpr int64_t kF32InPlaceMaxK = 512, kF32InPlaceMaxN = 1024, kF32InPlaceAnyNMaxK = 64;
 
 // Floats of packed operands for an M x N x K fp32 GEMM, with the slack that
 // puts packed A and packed B each on a 64-byte boundary (B's panels are read
@@ -1378,6 +1389,7 @@ struct F32Job {
   int64_t m_blocks, n_panels, m_supers, n_groups;
   int64_t gp, sb;                // panels per column group, row blocks per row super
   bool stream = false;           // D by non-temporal stores (kF32StreamBytes)
+  bool a_in_place = false;       // the tiles read full row blocks of A where it is (kF32InPlaceMaxK)
   std::atomic<bool> hit{false};  // FusedSchedule's interface; packing fp32 never fails
 };
 
@@ -1477,27 +1489,41 @@ struct F32Prefetch {
   int64_t lines = 0;
 };
 
-// One 12 x 32 tile over kc steps of packed A (ap, [kc][12]) and B (bp,
-// [kc][32], 64-byte aligned), stored into the first `rows` x `cols` of c:
+// One 12 x 32 tile over kc steps of A and packed B (bp, [kc][32], 64-byte
+// aligned), stored into the first `rows` x `cols` of c. A: packed (ap,
+// [kc][12]), or kAInPlace: twelve rows of A itself, ap[i * lda + kk] (the
+// same products summed in the same order: the same D either way).
 // first: c = alpha * sum + beta * c (c not read when beta = 0); else
 // c += alpha * sum. pa, pb: prefetched on the way (pa.lines, pb.lines <= kc).
 // stream (first, beta = 0): full 64-byte-aligned rows by non-temporal stores.
-__attribute__((target("avx512f"))) void F32Tile(const float* ap, const float* bp, int64_t kc, float* c, int64_t ldc,
-                                                int rows, int cols, float alpha, float beta, bool first, F32Prefetch pa,
-                                                F32Prefetch pb, bool stream) {
+template <bool kAInPlace>
+__attribute__((target("avx512f"))) void F32Tile(const float* ap, int64_t lda, const float* bp, int64_t kc, float* c,
+                                                int64_t ldc, int rows, int cols, float alpha, float beta, bool first,
+                                                F32Prefetch pa, F32Prefetch pb, bool stream) {
   __m512 acc[kF32MR][2];
   for (auto& row : acc) row[0] = row[1] = _mm512_setzero_ps();
+  // In place: four row pointers, three rows each (row + 0, lda, 2 lda: the
+  // index register scaled by 4 and 8), so the twelve addresses need five registers.
+  const float* q0 = ap;
+  const float* q1 = ap + 3 * lda;
+  const float* q2 = ap + 6 * lda;
+  const float* q3 = ap + 9 * lda;
   for (int64_t kk = 0; kk < kc; ++kk) {
     if (kk < pa.lines) _mm_prefetch(pa.p + kk * 64, _MM_HINT_T1);
     if (kk < pb.lines) _mm_prefetch(pb.p + kk * 64, _MM_HINT_T1);
     const __m512 b0 = _mm512_load_ps(bp), b1 = _mm512_load_ps(bp + 16);
 #pragma GCC unroll 12
     for (int i = 0; i < kF32MR; ++i) {
-      const __m512 ai = _mm512_set1_ps(ap[i]);
+      const float* q = i < 3 ? q0 : i < 6 ? q1 : i < 9 ? q2 : q3;
+      const __m512 ai = _mm512_set1_ps(kAInPlace ? q[(i % 3) * lda] : ap[i]);
       acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
       acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
     }
-    ap += kF32MR;
+    if (kAInPlace) {
+      ++q0, ++q1, ++q2, ++q3;
+    } else {
+      ap += kF32MR;
+    }
     bp += kF32NR;
   }
   const auto [m0, m1] = MasksOf32(cols);
@@ -1544,8 +1570,13 @@ void F32Task(const F32Job& g, int64_t v, int64_t s) {
       a_lines = (b1 - b0) * nk * kF32MR * 4 / 64;
     } else if (b1 < g.m_blocks) {
       const int64_t nb1 = std::min(g.m_blocks, b1 + g.sb);
-      a_next = reinterpret_cast<const char*>(F32AChunk(g, 0, b1));
-      a_lines = (nb1 - b1) * std::min(kF32Kc, g.k) * kF32MR * 4 / 64;
+      if (g.a_in_place) {  // one chunk: the next super's rows of A are one run
+        a_next = reinterpret_cast<const char*>(g.a + b1 * kF32MR * g.k);
+        a_lines = (std::min(g.m, nb1 * kF32MR) - b1 * kF32MR) * g.k * 4 / 64;
+      } else {
+        a_next = reinterpret_cast<const char*>(F32AChunk(g, 0, b1));
+        a_lines = (nb1 - b1) * std::min(kF32Kc, g.k) * kF32MR * 4 / 64;
+      }
     }
     const int64_t a_per_tile = std::min(kc, (a_lines + tiles - 1) / tiles);
     int64_t t = 0;
@@ -1566,8 +1597,13 @@ void F32Task(const F32Job& g, int64_t v, int64_t s) {
           pa = {a_next + t * a_per_tile * 64, std::min(a_per_tile, a_lines - t * a_per_tile)};
         const int64_t bt = (blk - b0) * b_per_tile;
         if (bt < b_lines) pb = {reinterpret_cast<const char*>(b_next) + bt * 64, std::min(b_per_tile, b_lines - bt)};
-        F32Tile(F32AChunk(g, k0, blk), bp, kc, g.c + blk * kF32MR * g.n + pan * kF32NR, g.n, rows, cols, g.alpha,
-                g.beta, k0 == 0, pa, pb, g.stream);
+        float* c = g.c + blk * kF32MR * g.n + pan * kF32NR;
+        if (g.a_in_place && rows == kF32MR)
+          F32Tile<true>(g.a + blk * kF32MR * g.k + k0, g.k, bp, kc, c, g.n, rows, cols, g.alpha, g.beta, k0 == 0, pa,
+                        pb, g.stream);
+        else
+          F32Tile<false>(F32AChunk(g, k0, blk), 0, bp, kc, c, g.n, rows, cols, g.alpha, g.beta, k0 == 0, pa, pb,
+                         g.stream);
       }
     }
   }
@@ -1575,7 +1611,14 @@ void F32Task(const F32Job& g, int64_t v, int64_t s) {
 }
 
 void FusedPackB(F32Job& g, int64_t v) { F32PackB(g, v * g.gp, std::min(g.n_panels, (v + 1) * g.gp)); }
-void FusedPackA(F32Job& g, int64_t u) { F32PackA(g, u * g.sb, std::min(g.m_blocks, (u + 1) * g.sb)); }
+void FusedPackA(F32Job& g, int64_t u) {
+  const int64_t b0 = u * g.sb, b1 = std::min(g.m_blocks, (u + 1) * g.sb);
+  if (!g.a_in_place) {
+    F32PackA(g, b0, b1);
+  } else if (b1 == g.m_blocks && g.m % kF32MR != 0) {
+    F32PackA(g, b1 - 1, b1);  // a partial last block is packed
+  }
+}
 void FusedRun(F32Job& g, int64_t v, int64_t s) { F32Task(g, v, s); }
 
 // c = alpha * op(A) op(B) + beta * c by the own kernel; packed holds
@@ -1598,17 +1641,20 @@ void OwnSgemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, 
   g.stream = c_final && beta == 0.0f && k <= kF32Kc && m * n * int64_t(sizeof(float)) >= kF32StreamBytes;
   g.m_blocks = (m + kF32MR - 1) / kF32MR;
   g.n_panels = (n + kF32NR - 1) / kF32NR;
+  const int64_t parts = std::max<int64_t>(1, f->host->num_threads());
+  g.a_in_place = !ta && parts >= 2 && k <= kF32InPlaceMaxK && (n <= kF32InPlaceMaxN || k <= kF32InPlaceAnyNMaxK) &&
+                 PortablePathOn(PortablePath::kGemmF32AInPlace);
   g.sb = std::clamp<int64_t>(kF32SuperABytes / (kF32MR * 4 * std::min(k, kF32Kc)), kF32MinSuper, kF32MaxSuper);
   g.m_supers = (g.m_blocks + g.sb - 1) / g.sb;
   g.gp = std::max<int64_t>(1, kF32GroupBytes / (k * kF32NR * 4));
   // At least two column groups per thread: each thread packs its own groups' B first.
-  const int64_t parts = std::max<int64_t>(1, f->host->num_threads());
   while (g.gp > 1 && (g.n_panels + g.gp - 1) / g.gp < 2 * parts) g.gp = (g.gp + 1) / 2;
   g.n_groups = (g.n_panels + g.gp - 1) / g.gp;
   const uintptr_t base = reinterpret_cast<uintptr_t>(packed);
   g.ap = packed + ((64 - base % 64) % 64) / sizeof(float);
   g.bp = g.ap + (size_t(g.m_blocks) * size_t(k) * kF32MR + 15) / 16 * 16;
   CountPortablePathRun(PortablePath::kGemmF32Avx512);
+  if (g.a_in_place) CountPortablePathRun(PortablePath::kGemmF32AInPlace);
   FusedSchedule(f, g, groups);
 }
 
