@@ -702,6 +702,29 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void StoreAccRow
   }
 }
 
+// The 32 rows of a full 32 x 32 block of sums as bf16(alpha * acc + bias)
+// rows (as StoreAccRows with out16), into out[32].
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void StageAccRows(const float* acc, float alpha,
+                                                                                  const float* bias, __m512i* out) {
+  const __m512 va = _mm512_set1_ps(alpha);
+  const __m512 bias0 = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
+  const __m512 bias1 = bias ? _mm512_loadu_ps(bias + 16) : _mm512_setzero_ps();
+  for (int r = 0; r < 32; ++r) {
+    __m512 v0 = _mm512_mul_ps(_mm512_load_ps(acc + r * kNR), va);
+    __m512 v1 = _mm512_mul_ps(_mm512_load_ps(acc + r * kNR + 16), va);
+    if (bias) {
+      v0 = _mm512_add_ps(v0, bias0);
+      v1 = _mm512_add_ps(v1, bias1);
+    }
+    out[r] = (__m512i)_mm512_cvtne2ps_pbh(v1, v0);
+  }
+}
+
+// n 64-byte rows src[0..n) to dst, dst + ld, ... by non-temporal stores.
+__attribute__((target("avx512f"))) void StreamRows(const __m512i* src, char* dst, int64_t ld, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i * ld), src[i]);
+}
+
 // One 8 x 32 tile of D by vdpbf16ps over kp pairs, stored by StoreAccRows.
 // kRowA: ap is row-major A itself (no transa, even K, 4-byte aligned: the
 // K pair (2p, 2p + 1) of row r is the word ap[r * lda_w + p]); rows past
@@ -847,12 +870,13 @@ __attribute__((target("amx-tile"), always_inline)) inline void AmxLoadSums(const
 // prefetches stalls on the fill buffers). next_*: the fields of an
 // AmxNextStep, prefetched into L1 kAmxNextStepLead steps before the end of
 // the last block (passed as scalars: the struct itself goes on the stack,
-// and that measured ~3 % slower at 4096^2 x 1024).
-__attribute__((target("amx-tile,amx-bf16"), noinline)) void AmxBlocks(const AmxASource* a, int64_t nblk,
-                                                                      const uint32_t* bp, int64_t steps, float* acc,
-                                                                      bool first, const char* pf, int64_t pf_per_step,
-                                                                      const char* next_a, int64_t next_a_ld,
-                                                                      int64_t next_a_hi, const char* next_b) {
+// and that measured ~3 % slower at 4096^2 x 1024). dsrc: d_per_step staged
+// 64-byte rows of D per step are written by non-temporal stores to ddst,
+// ddst + dld, ... (AmxBody's spread D stores).
+__attribute__((target("amx-tile,amx-bf16,avx512f"), noinline)) void AmxBlocks(
+    const AmxASource* a, int64_t nblk, const uint32_t* bp, int64_t steps, float* acc, bool first, const char* pf,
+    int64_t pf_per_step, const char* next_a, int64_t next_a_ld, int64_t next_a_hi, const char* next_b,
+    const __m512i* dsrc, char* ddst, int64_t dld, int64_t d_per_step) {
   asm volatile("" ::: "memory");
   AmxLoadSums(acc, first);
   // Software-pipelined: tiles are not renamed, so each load is issued as
@@ -871,6 +895,8 @@ __attribute__((target("amx-tile,amx-bf16"), noinline)) void AmxBlocks(const AmxA
       ap += a_step;
       b += kAmxPairs * kNR;
       for (int64_t i = 0; i < pf_per_step; ++i, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
+      for (int64_t i = 0; i < d_per_step; ++i, ++dsrc, ddst += dld)
+        _mm512_stream_si512(reinterpret_cast<__m512i*>(ddst), _mm512_load_si512(dsrc));
       if (st == steps - kAmxNextStepLead && na) {
         for (int r = 0; r < 16; ++r) {
           _mm_prefetch(na + r * next_a_ld, _MM_HINT_T0);
@@ -977,11 +1003,29 @@ void AmxBody(void* ctx, int64_t begin, int64_t end) {
   alignas(64) float acc[kSuperRows / kAmxRows][kAmxRows * kNR];
   const bool stream = g.out16 != nullptr && g.m * g.n * 2 >= kAmxStreamBytes;
   const bool prefetch_a = g.m_blocks * g.kpa * kAmxRows * 4 >= kAmxPrefetchABytes;
+  // A streamed bf16 D with every row 64-byte aligned: at the end of a panel
+  // of a task of full row blocks, its rows are converted into `stage` and
+  // written out by AmxBlocks a few per tile step during the next panel
+  // (what is left, at the end of that panel or of the range). All of a
+  // panel's 64 non-temporal stores at once held the fill buffers that the
+  // tile loads from L2 need: bench_gemm 4096 x 4096 x 1024 12.2-12.3 ->
+  // 11.6-11.8 ms on two threads, 24.1-24.7 -> 23.1-23.3 on one
+  // (docs/perf-gemm.md, session 31).
+  alignas(64) __m512i stage[kSuperRows];
+  const bool spread = stream && g.n % kNR == 0 && reinterpret_cast<uintptr_t>(g.out16) % 64 == 0;
+  int64_t staged = 0, drained = 0;
+  char* stage_dst = nullptr;
+  const int64_t dld = g.n * 2;
+  auto drain_all = [&] {
+    if (drained < staged) StreamRows(stage + drained, stage_dst + drained * dld, dld, staged - drained);
+    drained = staged;
+  };
   AmxBegin();
   for (int64_t t = begin; t < end; ++t) {
     const int64_t grp = t / g.m_supers, sup = t % g.m_supers;
     const int64_t p0 = grp * g.gp, p1 = std::min(g.n_panels, p0 + g.gp);
     const int64_t b0 = sup * blocks_per_super, b1 = std::min(g.m_blocks, b0 + blocks_per_super);
+    const bool spread_task = spread && (b1 - b0) * kAmxRows <= g.m - b0 * kAmxRows;
     // The packed A rows of the group's next task (sup + 1, which this thread
     // most likely runs next) are prefetched into L2 a few lines before each
     // block's chunk: they were packed by either thread, so its first panel
@@ -1017,11 +1061,31 @@ void AmxBody(void* ctx, int64_t begin, int64_t end) {
           AmxASource a[blocks_per_super];
           for (int64_t j = 0; j < nblk; ++j) a[j] = AmxA(g, blk + j, s0);
           const AmxNextStep nx = AmxNextOf(g, blk + nblk - 1, s0, pan, b0, b1, p1);
-          AmxBlocks(a, nblk, AmxB(g, pan, s0), ns, acc[blk - b0], s0 == 0, pf, per_step, nx.a, nx.a_ld, nx.a_hi, nx.b);
+          int64_t d_per_step = 0;  // the staged rows left, spread over this panel's calls left
+          if (drained < staged && ns > 1) {
+            const int64_t per_chunk = (b1 - b0 + per_call - 1) / per_call;
+            const int64_t calls_left = (b1 - blk + nblk - 1) / nblk + (steps - s0 - 1) / kAmxChunkSteps * per_chunk;
+            d_per_step =
+                std::min((staged - drained + calls_left * (ns - 1) * nblk - 1) / (calls_left * (ns - 1) * nblk),
+                         (staged - drained) / ((ns - 1) * nblk));
+          }
+          AmxBlocks(a, nblk, AmxB(g, pan, s0), ns, acc[blk - b0], s0 == 0, pf, per_step, nx.a, nx.a_ld, nx.a_hi, nx.b,
+                    stage + drained, stage_dst + drained * dld, dld, d_per_step);
+          drained += d_per_step * (ns - 1) * nblk;
           pf += per_step * (ns - 1) * 64 * nblk;
         }
       }
       const int cols = int(std::min<int64_t>(kNR, g.n - pan * kNR));
+      if (spread_task) {
+        drain_all();
+        const float va = g.alpha;
+        for (int64_t blk = b0; blk < b1; ++blk)
+          StageAccRows(acc[blk - b0], va, g.bias ? g.bias + pan * kNR : nullptr, stage + (blk - b0) * kAmxRows);
+        staged = (b1 - b0) * kAmxRows;
+        drained = 0;
+        stage_dst = reinterpret_cast<char*>(g.out16 + b0 * kAmxRows * g.n + pan * kNR);
+        continue;
+      }
       for (int64_t blk = b0; blk < b1; ++blk) {
         const int rows = int(std::min<int64_t>(kAmxRows, g.m - blk * kAmxRows));
         const int64_t at = blk * kAmxRows * g.n + pan * kNR;
@@ -1030,6 +1094,7 @@ void AmxBody(void* ctx, int64_t begin, int64_t end) {
       }
     }
   }
+  drain_all();
   if (stream) _mm_sfence();
   AmxEnd();
 }
