@@ -1013,7 +1013,7 @@ void AmxBody(void* ctx, int64_t begin, int64_t end) {
   // (docs/perf-gemm.md, session 31).
   alignas(64) __m512i stage[kSuperRows];
   const bool spread = stream && g.n % kNR == 0 && reinterpret_cast<uintptr_t>(g.out16) % 64 == 0;
-  int64_t staged = 0, drained = 0;
+  int64_t staged = 0, drained = 0, d_rate = 0;
   char* stage_dst = nullptr;
   const int64_t dld = g.n * 2;
   auto drain_all = [&] {
@@ -1046,6 +1046,11 @@ void AmxBody(void* ctx, int64_t begin, int64_t end) {
       const int64_t calls = (p1 - p0) * (b1 - b0) * ((steps + kAmxChunkSteps - 1) / kAmxChunkSteps);
       pf_lines = ((pf_end - pf) / 64 + calls - 1) / calls;
     }
+    // Lines per step of AmxBlocks's loops, for a full chunk and for a
+    // shorter last one (divisions out of the call loop: they delayed each call).
+    const int64_t last_ns = steps - (steps - 1) / kAmxChunkSteps * kAmxChunkSteps;
+    const int64_t pf_full = (pf_lines + kAmxChunkSteps - 2) / (kAmxChunkSteps - 1);
+    const int64_t pf_last = last_ns > 1 ? (pf_lines + last_ns - 2) / (last_ns - 1) : 0;
     for (int64_t pan = p0; pan < p1; ++pan) {
       for (int64_t s0 = 0; s0 < steps; s0 += kAmxChunkSteps) {
         const int64_t ns = std::min(kAmxChunkSteps, steps - s0);
@@ -1057,18 +1062,12 @@ void AmxBody(void* ctx, int64_t begin, int64_t end) {
         for (int64_t blk = b0; blk < b1; blk += per_call) {
           const int64_t nblk = std::min(per_call, b1 - blk);
           // Lines per step of AmxBlocks's loops.
-          const int64_t per_step = pf < pf_end && ns > 1 ? (pf_lines + ns - 2) / (ns - 1) : 0;
+          const int64_t per_step = pf < pf_end && ns > 1 ? (ns == kAmxChunkSteps ? pf_full : pf_last) : 0;
           AmxASource a[blocks_per_super];
           for (int64_t j = 0; j < nblk; ++j) a[j] = AmxA(g, blk + j, s0);
           const AmxNextStep nx = AmxNextOf(g, blk + nblk - 1, s0, pan, b0, b1, p1);
-          int64_t d_per_step = 0;  // the staged rows left, spread over this panel's calls left
-          if (drained < staged && ns > 1) {
-            const int64_t per_chunk = (b1 - b0 + per_call - 1) / per_call;
-            const int64_t calls_left = (b1 - blk + nblk - 1) / nblk + (steps - s0 - 1) / kAmxChunkSteps * per_chunk;
-            d_per_step =
-                std::min((staged - drained + calls_left * (ns - 1) * nblk - 1) / (calls_left * (ns - 1) * nblk),
-                         (staged - drained) / ((ns - 1) * nblk));
-          }
+          const int64_t d_per_step =
+              ns > 1 && staged - drained >= d_rate * (ns - 1) * nblk ? d_rate : 0;  // the rest: at the panel's end
           AmxBlocks(a, nblk, AmxB(g, pan, s0), ns, acc[blk - b0], s0 == 0, pf, per_step, nx.a, nx.a_ld, nx.a_hi, nx.b,
                     stage + drained, stage_dst + drained * dld, dld, d_per_step);
           drained += d_per_step * (ns - 1) * nblk;
@@ -1083,6 +1082,9 @@ void AmxBody(void* ctx, int64_t begin, int64_t end) {
           StageAccRows(acc[blk - b0], va, g.bias ? g.bias + pan * kNR : nullptr, stage + (blk - b0) * kAmxRows);
         staged = (b1 - b0) * kAmxRows;
         drained = 0;
+        // Rows per tile step, over the tile steps of a panel like this one.
+        const int64_t capacity = (b1 - b0) * (steps - (steps + kAmxChunkSteps - 1) / kAmxChunkSteps);
+        d_rate = capacity > 0 ? (staged + capacity - 1) / capacity : 0;
         stage_dst = reinterpret_cast<char*>(g.out16 + b0 * kAmxRows * g.n + pan * kNR);
         continue;
       }
