@@ -1069,7 +1069,7 @@ void AmxBody(void* ctx, int64_t begin, int64_t end) {
           const int64_t d_per_step =
               ns > 1 && staged - drained >= d_rate * (ns - 1) * nblk ? d_rate : 0;  // the rest: at the panel's end
           AmxBlocks(a, nblk, AmxB(g, pan, s0), ns, acc[blk - b0], s0 == 0, pf, per_step, nx.a, nx.a_ld, nx.a_hi, nx.b,
-                    stage + drained, stage_dst + drained * dld, dld, d_per_step);
+                    stage + drained, d_per_step > 0 ? stage_dst + drained * dld : nullptr, dld, d_per_step);
           drained += d_per_step * (ns - 1) * nblk;
           pf += per_step * (ns - 1) * 64 * nblk;
         }
