@@ -702,24 +702,6 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void StoreAccRow
   }
 }
 
-// The 32 rows of a full 32 x 32 block of sums as bf16(alpha * acc + bias)
-// rows (as StoreAccRows with out16), into out[32].
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void StageAccRows(const float* acc, float alpha,
-                                                                                  const float* bias, __m512i* out) {
-  const __m512 va = _mm512_set1_ps(alpha);
-  const __m512 bias0 = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
-  const __m512 bias1 = bias ? _mm512_loadu_ps(bias + 16) : _mm512_setzero_ps();
-  for (int r = 0; r < 32; ++r) {
-    __m512 v0 = _mm512_mul_ps(_mm512_load_ps(acc + r * kNR), va);
-    __m512 v1 = _mm512_mul_ps(_mm512_load_ps(acc + r * kNR + 16), va);
-    if (bias) {
-      v0 = _mm512_add_ps(v0, bias0);
-      v1 = _mm512_add_ps(v1, bias1);
-    }
-    out[r] = (__m512i)_mm512_cvtne2ps_pbh(v1, v0);
-  }
-}
-
 // n 64-byte rows src[0..n) to dst, dst + ld, ... by non-temporal stores.
 __attribute__((target("avx512f"))) void StreamRows(const __m512i* src, char* dst, int64_t ld, int64_t n) {
   for (int64_t i = 0; i < n; ++i) _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i * ld), src[i]);
@@ -1077,9 +1059,10 @@ void AmxBody(void* ctx, int64_t begin, int64_t end) {
       const int cols = int(std::min<int64_t>(kNR, g.n - pan * kNR));
       if (spread_task) {
         drain_all();
-        const float va = g.alpha;
-        for (int64_t blk = b0; blk < b1; ++blk)
-          StageAccRows(acc[blk - b0], va, g.bias ? g.bias + pan * kNR : nullptr, stage + (blk - b0) * kAmxRows);
+        for (int64_t blk = b0; blk < b1; ++blk)  // each row of the stage is one 64-byte line (kNR bf16)
+          StoreAccRows(acc[blk - b0], kAmxRows, kNR, g.alpha, 0.0f, nullptr, kNR,
+                       reinterpret_cast<uint16_t*>(stage + (blk - b0) * kAmxRows),
+                       g.bias ? g.bias + pan * kNR : nullptr);
         staged = (b1 - b0) * kAmxRows;
         drained = 0;
         // Rows per tile step, over the tile steps of a panel like this one.
