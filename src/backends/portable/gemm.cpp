@@ -518,28 +518,36 @@ void PackABody(void* ctx, int64_t begin, int64_t end) {
   if (hit) g.hit.store(true, std::memory_order_relaxed);
 }
 
-// Row pairs ahead whose lines PackBBody prefetches (the hardware prefetcher
-// does not follow its 2-row strides).
-constexpr int64_t kBPackAhead = 4;
+// PackBBody packs an untransposed B in blocks of kBPackPairs row pairs: per
+// block, panel by panel, the block's pairs (each panel's part of the packed
+// B is then written in 1 KiB runs; pair by pair across all panels, each
+// 128-byte store went to a panel 64 KiB or more away). The lines of the pair
+// kBPackPairs ahead are prefetched (the hardware prefetcher does not follow
+// the 2-row strides). B packing alone (bench_gemm, tiles skipped), 4096 x
+// 4096 x 1024: 0.36-0.41 -> 0.31-0.32 ms on two threads, 0.82 -> 0.69-0.70 on
+// one; bf16 512^3 0.156-0.160 -> 0.146-0.148 ms (docs/perf-gemm.md, session 32).
+constexpr int64_t kBPackPairs = 8;
 void PackBBody(void* ctx, int64_t begin, int64_t end) {
   auto& g = *static_cast<Bf16Job*>(ctx);
   const int64_t full_p = g.k / 2;
   bool hit = false;
   if (!g.transb) {
-    // The full panels of the range, row pair by row pair across all of them:
-    // each row's part is read in one contiguous run (panel by panel, each
-    // 64-byte piece of a row was a separate page visit: row strides are
-    // often 4 KiB).
+    // The full panels of the range, kBPackPairs row pairs at a time across
+    // all of them: each row's part is read in one contiguous run (panel by
+    // panel over the whole of K, each 64-byte piece of a row was a separate
+    // page visit: row strides are often 4 KiB).
     const int64_t full_end = std::min(end, g.n / kNR);
     __mmask32 any = 0;
-    for (int64_t p = 0; p < full_p && begin < full_end; ++p) {
-      const uint16_t* r0 = g.b + 2 * p * g.n;
-      const uint16_t* ahead = r0 + (p + kBPackAhead < full_p ? 2 * kBPackAhead * g.n : 0);
+    for (int64_t p0 = 0; p0 < full_p && begin < full_end; p0 += kBPackPairs) {
+      const int64_t p1 = std::min(full_p, p0 + kBPackPairs);
       for (int64_t pan = begin; pan < full_end; ++pan) {
-        _mm_prefetch(reinterpret_cast<const char*>(ahead + pan * kNR), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(ahead + g.n + pan * kNR), _MM_HINT_T0);
-        any |=
-            PackBPair32(r0 + pan * kNR, r0 + g.n + pan * kNR, g.bp + (size_t(pan) * size_t(g.kpa) + size_t(p)) * kNR);
+        for (int64_t p = p0; p < p1; ++p) {
+          const uint16_t* r0 = g.b + 2 * p * g.n + pan * kNR;
+          const uint16_t* ahead = r0 + (p + kBPackPairs < full_p ? 2 * kBPackPairs * g.n : 0);
+          _mm_prefetch(reinterpret_cast<const char*>(ahead), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(ahead + g.n), _MM_HINT_T0);
+          any |= PackBPair32(r0, r0 + g.n, g.bp + (size_t(pan) * size_t(g.kpa) + size_t(p)) * kNR);
+        }
       }
     }
     hit |= any != 0;
