@@ -1362,6 +1362,31 @@ TEST(GemmConformanceSpecial, AmxStreamedOutputMatchesSmallCall) {
   }
 }
 
+// A bf16 D with GELU (TE's fprop: bias + GELU, pre_gelu_out in bf16 or
+// absent) takes the GELU in the AMX tiles' stores (GeluTileBf16; no fp32 D
+// and no second pass), against the reference: a partial row block and a
+// partial last panel whose columns past N rounded down to 16 are scalar (N =
+// 100), transposes, and A read in place (K = 1024). Without AMX the call
+// takes the unfused path and the same checks hold.
+TEST(GemmConformanceSpecial, AmxFusedGeluEpilogue) {
+  struct Case {
+    int64_t m, n, k;
+    bool ta, tb;
+  };
+  const Case cases[] = {{70, 100, 64, false, false},
+                        {70, 100, 64, false, true},
+                        {33, 96, 96, true, false},
+                        {64, 528, 1024, false, false}};
+  for (const Case& c : cases)
+    for (int epi : {2, 3}) {  // gelu_bias_pre, gelu
+      SCOPED_TRACE(fmt::format("{}x{}x{} ta {} tb {} {}", c.m, c.n, c.k, c.ta, c.tb, kEpilogues[epi].name));
+      Problem p = MakeGemm({DType::kBF16, DType::kBF16, DType::kBF16}, kEpilogues[epi], c.m, c.n, c.k, c.ta, c.tb,
+                           "fused_gelu");
+      CheckAll(p);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+}
+
 // The AMX tiles read an untransposed A with K a multiple of 32 and at least
 // 1024 in place (only scanned for subnormals, not packed) when it is 64-byte
 // aligned, except a partial last row block, which is still packed: full and

@@ -67,12 +67,24 @@ namespace hn = hwy::HWY_NAMESPACE;
 using D = hn::ScalableTag<float>;
 using V = hn::Vec<D>;
 
-// gelu_tanh(x) = x * (0.5 + 0.5 tanh(x (0.79788456 + 0.03567741 x^2))) with
-// Highway's Tanh (a few ulp; -inf gives NaN as the formula does).
+// gelu_tanh(x) = x * (0.5 + 0.5 tanh(y)), y = x (0.79788456 + 0.03567741 x^2),
+// computed as x / (1 + exp(-2 y)) (the same function) with Highway's Exp and
+// a reciprocal estimate refined by one Newton step: Highway's Tanh divides,
+// and vdivps held ~18 % of the fused GELU epilogue's samples (bench_gemm
+// fprop_bias_gelu; docs/perf-gemm.md, session 32). A few ulp of fp32. -2y
+// is clamped to [-80, 80] so that no step meets an fp32 subnormal (each
+// costs a microcode assist: unclamped, fprop_bias_gelu ran 2x slower);
+// where -2y > 80 (x below ~-9.7, and -inf) the factor is 0 (Tanh's formula
+// gives 0 from x ~ -5.2, where tanh(y) rounds to -1; this form gives values
+// below 2^-22 in between): -0 for finite x, NaN for -inf (as the formula);
+// +inf gives +inf, NaN stays NaN.
 HWY_INLINE V Gelu(D d, V x) {
-  const V half = hn::Set(d, 0.5f);
-  const V t = hn::Tanh(d, hn::Mul(x, hn::MulAdd(hn::Set(d, 0.03567741f), hn::Mul(x, x), hn::Set(d, 0.79788456f))));
-  return hn::Mul(x, hn::MulAdd(half, t, half));
+  const V m2y = hn::Mul(x, hn::MulAdd(hn::Set(d, -2.0f * 0.03567741f), hn::Mul(x, x), hn::Set(d, -2.0f * 0.79788456f)));
+  const V lim = hn::Set(d, 80.0f);
+  const V den = hn::Add(hn::Exp(d, hn::Max(hn::Min(m2y, lim), hn::Neg(lim))), hn::Set(d, 1.0f));
+  V r = hn::ApproximateReciprocal(den);
+  r = hn::Mul(r, hn::NegMulAdd(den, r, hn::Set(d, 2.0f)));
+  return hn::Mul(x, hn::IfThenZeroElse(hn::Gt(m2y, lim), r));
 }
 
 // gelu_tanh'(x) (spec/ops.md): t = tanh(x (0.79788456 + 0.03567741 x^2));
@@ -153,12 +165,48 @@ HWY_NOINLINE void EpilogueRow(float* HWY_RESTRICT row, size_t n, const float* HW
   if (amax) *amax = m;
 }
 
+// The GELU epilogue of a bf16 D fused into the AMX tiles' store (no fp32
+// pass over D): one tile of fp32 sums acc [rows][acc_ld] holding columns
+// [col0, col0 + cols) of an n-column D; v = alpha * acc + bias (bias from
+// col0), pre (if not NULL) = bf16(v), out = bf16(gelu(v)); pre and out point
+// at the tile's first element, rows ld apart. Vectors cover the columns below
+// n rounded down to the lanes and the rest is scalar, as in EpilogueRow, so
+// each element takes the same formula as on the unfused path.
+HWY_NOINLINE void GeluTileBf16(const float* HWY_RESTRICT acc, size_t acc_ld, size_t rows, size_t col0, size_t cols,
+                               size_t n, float alpha, const float* HWY_RESTRICT bias, bfloat16_t* pre, bfloat16_t* out,
+                               size_t ld) {
+  const D d;
+  const size_t lanes = hn::Lanes(d);
+  const size_t vec_cols = std::min(cols, n / lanes * lanes > col0 ? n / lanes * lanes - col0 : 0);
+  const V va = hn::Set(d, alpha);
+  for (size_t r = 0; r < rows; ++r) {
+    const float* a = acc + r * acc_ld;
+    bfloat16_t* pre_row = pre ? pre + r * ld : nullptr;
+    bfloat16_t* out_row = out + r * ld;
+    size_t j = 0;
+    for (; j < vec_cols; j += lanes) {
+      V v = hn::Mul(hn::LoadU(d, a + j), va);
+      if (bias) v = hn::Add(v, hn::LoadU(d, bias + j));
+      if (pre_row) StoreF(v, d, pre_row + j);
+      StoreF(Gelu(d, v), d, out_row + j);
+    }
+    for (; j < cols; ++j) {
+      float v = a[j] * alpha;
+      if (bias) v += bias[j];
+      if (pre_row) StoreFromFloat(pre_row, int64_t(j), DType::kBF16, v);
+      v = v * (0.5f + 0.5f * std::tanh(v * (0.79788456f + 0.03567741f * v * v)));
+      StoreFromFloat(out_row, int64_t(j), DType::kBF16, v);
+    }
+  }
+}
+
 }  // namespace tefl::backends::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 namespace tefl::backends {
 HWY_EXPORT(EpilogueRow);
+HWY_EXPORT(GeluTileBf16);
 namespace {
 
 constexpr const char* kImpl = "default.portable";
@@ -370,9 +418,11 @@ struct Bf16Job {
   uint32_t* ap;  // [ceil(M / kMR)][kp][kMR] pairs (amx: [ceil(M / kAmxRows)][kpa / kAmxPairs][kAmxRows][kAmxPairs])
   uint32_t* bp;  // [ceil(N / kNR)][kpa][kNR] pairs
   float alpha, beta;
-  float* c;           // [M, N] fp32; beta != 0: holds Cterm
-  uint16_t* out16;    // direct bf16 output [M, N] (then c is unused), or NULL
-  const float* bias;  // [N] fp32 added before the bf16 rounding, or NULL
+  float* c;                   // [M, N] fp32; beta != 0: holds Cterm
+  uint16_t* out16;            // direct bf16 output [M, N] (then c is unused), or NULL
+  const float* bias;          // [N] fp32 added before the bf16 rounding, or NULL
+  bool gelu = false;          // out16 = bf16(gelu(alpha * sum + bias)) (AMX only: GeluTileBf16)
+  uint16_t* pre16 = nullptr;  // with gelu: bf16(alpha * sum + bias) [M, N], or NULL
   int64_t m_blocks, n_panels, m_supers, n_groups;
   bool row_a = false;            // the tiles read row-major A in place, A scanned instead of packed: with amx (set by
                                  // Bf16Setup) all but a partial last row block (AmxA); else the direct path's
@@ -1002,7 +1052,7 @@ void AmxBody(void* ctx, int64_t begin, int64_t end) {
   // 11.6-11.8 ms on two threads, 24.1-24.7 -> 23.1-23.3 on one
   // (docs/perf-gemm.md, session 31).
   alignas(64) __m512i stage[kSuperRows];
-  const bool spread = stream && g.n % kNR == 0 && reinterpret_cast<uintptr_t>(g.out16) % 64 == 0;
+  const bool spread = stream && !g.gelu && g.n % kNR == 0 && reinterpret_cast<uintptr_t>(g.out16) % 64 == 0;
   int64_t staged = 0, drained = 0, d_rate = 0;
   char* stage_dst = nullptr;
   const int64_t dld = g.n * 2;
@@ -1082,6 +1132,13 @@ void AmxBody(void* ctx, int64_t begin, int64_t end) {
       for (int64_t blk = b0; blk < b1; ++blk) {
         const int rows = int(std::min<int64_t>(kAmxRows, g.m - blk * kAmxRows));
         const int64_t at = blk * kAmxRows * g.n + pan * kNR;
+        if (g.gelu) {
+          HWY_DYNAMIC_DISPATCH(GeluTileBf16)
+          (acc[blk - b0], kNR, size_t(rows), size_t(pan * kNR), size_t(cols), size_t(g.n), g.alpha,
+           g.bias ? g.bias + pan * kNR : nullptr, g.pre16 ? reinterpret_cast<hwy::bfloat16_t*>(g.pre16 + at) : nullptr,
+           reinterpret_cast<hwy::bfloat16_t*>(g.out16 + at), size_t(g.n));
+          continue;
+        }
         StoreAccRows(acc[blk - b0], rows, cols, g.alpha, g.beta, g.out16 ? nullptr : g.c + at, g.n,
                      g.out16 ? g.out16 + at : nullptr, g.bias ? g.bias + pan * kNR : nullptr, stream);
       }
@@ -1255,7 +1312,7 @@ bool Bf16Pack(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, 
 // here). prepacked: Bf16Pack already filled `packed` for these operands.
 void Bf16Gemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
               const void* b, float beta, float* c, std::vector<uint32_t>& packed, bool prepacked, bool amx,
-              uint16_t* out16 = nullptr, const float* bias = nullptr) {
+              uint16_t* out16 = nullptr, const float* bias = nullptr, bool gelu = false, uint16_t* pre16 = nullptr) {
   Bf16Job g;
   Bf16Setup(g, ta, tb, m, n, k, a, b, packed, amx);
   g.alpha = alpha;
@@ -1263,6 +1320,8 @@ void Bf16Gemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, 
   g.c = c;
   g.out16 = out16;
   g.bias = bias;
+  g.gelu = gelu;
+  g.pre16 = pre16;
   if (!prepacked) {
     f->host->parallel_for(g.m_blocks, 1, PackAAnyBody, &g);
     f->host->parallel_for(g.n_panels, 1, PackBBody, &g);
@@ -1359,7 +1418,7 @@ void FusedRun(Bf16Job& g, int64_t v, int64_t s) {
 // counters (no allocation here).
 bool Bf16FusedDirect(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                      const void* a, const void* b, std::vector<uint32_t>& packed, FusedGroup* groups, bool amx,
-                     uint16_t* out16, const float* bias) {
+                     uint16_t* out16, const float* bias, bool gelu, uint16_t* pre16) {
   Bf16Job g;
   Bf16Setup(g, ta, tb, m, n, k, a, b, packed, amx);
   g.alpha = alpha;
@@ -1367,6 +1426,8 @@ bool Bf16FusedDirect(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int6
   g.c = nullptr;
   g.out16 = out16;
   g.bias = bias;
+  g.gelu = gelu;
+  g.pre16 = pre16;
   if (!amx) g.row_a = !ta && k % 2 == 0 && reinterpret_cast<uintptr_t>(a) % 4 == 0;  // amx: Bf16Setup
   FusedSchedule(f, g, groups);
   const bool ran = !g.hit.load();
@@ -1797,15 +1858,16 @@ void EpilogueBody(void* ctx, int64_t begin, int64_t end) {
 // Whether g takes the bf16 path straight into a bf16 D: no Cterm, no GELU,
 // no amax (bias is added in the tile).
 bool DirectBf16(const Gemm& g) {
-  return g.a16 != nullptr && g.td == DType::kBF16 && !(g.c != nullptr && g.beta != 0.0f) && !g.gelu && !g.dgelu &&
-         g.amax == nullptr && g.k > 0 && g.alpha != 0.0f;
+  return g.a16 != nullptr && g.td == DType::kBF16 && !(g.c != nullptr && g.beta != 0.0f) &&
+         (!g.gelu || (g.amx && (g.pre == nullptr || g.tpre == DType::kBF16))) && !g.dgelu && g.amax == nullptr &&
+         g.k > 0 && g.alpha != 0.0f;
 }
 
 void Run(const tefl_call_frame* f, const Gemm& g, std::vector<float>& scratch) {
   if (g.m == 0 || g.n == 0) return;
   if (DirectBf16(g)) {
     Bf16Gemm(f, g.transa, g.transb, g.m, g.n, g.k, g.alpha, g.a16, g.b16, 0.0f, nullptr, *g.packed, g.prepacked, g.amx,
-             static_cast<uint16_t*>(g.d), g.bias);
+             static_cast<uint16_t*>(g.d), g.bias, g.gelu, static_cast<uint16_t*>(g.pre));
     return;
   }
   const int64_t mn = g.m * g.n;
@@ -1900,7 +1962,8 @@ OnePlan PlanOne(const tefl_call_frame* f, const OneGemm& o, bool scan) {
   return OnePlan{bf16, bf16 && !scan, bf16 && PortablePathOn(PortablePath::kGemmAmx)};
 }
 bool OneDirect(const OneGemm& o, const OnePlan& p) {
-  return p.bf16 && o.td == DType::kBF16 && !(o.c != nullptr && o.beta != 0.0f) && !o.gelu && o.d_amax == nullptr &&
+  return p.bf16 && o.td == DType::kBF16 && !(o.c != nullptr && o.beta != 0.0f) &&
+         (!o.gelu || (!o.grad && p.amx && (o.pre == nullptr || o.tpre == DType::kBF16))) && o.d_amax == nullptr &&
          o.k > 0 && o.alpha != 0.0f;
 }
 // Every buffer Execute needs (allocation may throw; nothing is written yet).
@@ -1923,7 +1986,8 @@ void Execute(const tefl_call_frame* f, const OneGemm& o, OnePlan p, Workspace& w
     // Packing and the tiles in one fork-join; a subnormal leaves D untouched.
     const float* bias32 = o.bias ? AsF32(f, o.bias, o.tbias, o.n, ws.bias) : nullptr;
     done = Bf16FusedDirect(f, o.transa, o.transb, o.m, o.n, o.k, o.alpha * o.sa * o.sb, o.a, o.b, ws.packed,
-                           ws.groups.get(), p.amx, static_cast<uint16_t*>(o.d), bias32);
+                           ws.groups.get(), p.amx, static_cast<uint16_t*>(o.d), bias32, o.gelu,
+                           static_cast<uint16_t*>(o.pre));
     if (!done) {
       p.bf16 = false;  // a subnormal: the exact sgemm path
       Reserve(ws, o, p);
