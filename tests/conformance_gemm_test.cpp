@@ -1363,12 +1363,12 @@ TEST(GemmConformanceSpecial, AmxStreamedOutputMatchesSmallCall) {
 }
 
 // A bf16 D with GELU (TE's fprop: bias + GELU, pre_gelu_out in bf16 or
-// absent) takes the GELU in the AMX tiles' stores (GeluTileBf16; no fp32 D
-// and no second pass), against the reference: a partial row block and a
-// partial last panel whose columns past N rounded down to 16 are scalar (N =
-// 100), transposes, and A read in place (K = 1024). Without AMX the call
-// takes the unfused path and the same checks hold.
-TEST(GemmConformanceSpecial, AmxFusedGeluEpilogue) {
+// absent) takes the GELU in the tiles' stores (GeluTileBf16; no fp32 D and
+// no second pass), against the reference: a partial row block and a partial
+// last panel whose columns past N rounded down to 16 are scalar (N = 100),
+// transposes, and A read in place (K = 1024). ctest runs it on the AMX tiles
+// and, with TEFL_PORTABLE_GEMM_AMX=0, on the vdpbf16ps tiles.
+TEST(GemmConformanceSpecial, Bf16FusedGeluEpilogue) {
   struct Case {
     int64_t m, n, k;
     bool ta, tb;

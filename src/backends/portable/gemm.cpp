@@ -421,7 +421,7 @@ struct Bf16Job {
   float* c;                   // [M, N] fp32; beta != 0: holds Cterm
   uint16_t* out16;            // direct bf16 output [M, N] (then c is unused), or NULL
   const float* bias;          // [N] fp32 added before the bf16 rounding, or NULL
-  bool gelu = false;          // out16 = bf16(gelu(alpha * sum + bias)) (AMX only: GeluTileBf16)
+  bool gelu = false;          // out16 = bf16(gelu(alpha * sum + bias)) (GeluTileBf16)
   uint16_t* pre16 = nullptr;  // with gelu: bf16(alpha * sum + bias) [M, N], or NULL
   int64_t m_blocks, n_panels, m_supers, n_groups;
   bool row_a = false;            // the tiles read row-major A in place, A scanned instead of packed: with amx (set by
@@ -765,16 +765,21 @@ __attribute__((target("avx512f"))) void StreamRows(const __m512i* src, char* dst
   for (int64_t i = 0; i < n; ++i) _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i * ld), src[i]);
 }
 
-// One 8 x 32 tile of D by vdpbf16ps over kp pairs, stored by StoreAccRows.
+// Where a tile's GELU epilogue goes (GeluTileBf16): the tile's first column
+// in D, D's columns, and pre_gelu_out at the tile's first element or NULL.
+struct GeluStore {
+  int64_t col0, n;
+  uint16_t* pre16;
+};
+// One 8 x 32 tile of D by vdpbf16ps over kp pairs, stored by StoreAccRows
+// (with `gelu`, by GeluTileBf16 into out16).
 // kRowA: ap is row-major A itself (no transa, even K, 4-byte aligned: the
 // K pair (2p, 2p + 1) of row r is the word ap[r * lda_w + p]); rows past
 // `rows` re-read the last valid row (never past A), their sums discarded.
 template <bool kRowA>
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void Bf16Tile(const uint32_t* ap, const uint32_t* bp,
-                                                                              int64_t kp, float* c, int64_t ldc,
-                                                                              int rows, int cols, float alpha,
-                                                                              float beta, uint16_t* out16,
-                                                                              const float* bias, int64_t lda_w = 0) {
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void Bf16Tile(
+    const uint32_t* ap, const uint32_t* bp, int64_t kp, float* c, int64_t ldc, int rows, int cols, float alpha,
+    float beta, uint16_t* out16, const float* bias, int64_t lda_w = 0, const GeluStore* gelu = nullptr) {
   // 16 named accumulators: an array indexed in a loop would live on the stack.
   __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00;
   __m512 c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00;
@@ -824,6 +829,12 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void Bf16Tile(co
   TEFL_BF16_SAVE(6)
   TEFL_BF16_SAVE(7)
 #undef TEFL_BF16_SAVE
+  if (gelu) {
+    HWY_DYNAMIC_DISPATCH(GeluTileBf16)
+    (acc, kNR, size_t(rows), size_t(gelu->col0), size_t(cols), size_t(gelu->n), alpha, bias,
+     reinterpret_cast<hwy::bfloat16_t*>(gelu->pre16), reinterpret_cast<hwy::bfloat16_t*>(out16), size_t(ldc));
+    return;
+  }
   StoreAccRows(acc, rows, cols, alpha, beta, c, ldc, out16, bias);
 }
 
@@ -1211,14 +1222,17 @@ void Bf16DirectBody(void* ctx, int64_t begin, int64_t end) {
       for (int64_t pan = p0; pan < p1; ++pan) {
         const int cols = int(std::min<int64_t>(kNR, g.n - pan * kNR));
         const uint32_t* bp = g.bp + size_t(pan) * size_t(g.kp) * kNR;
-        uint16_t* out = g.out16 + blk * kMR * g.n + pan * kNR;
+        const int64_t at = blk * kMR * g.n + pan * kNR;
+        uint16_t* out = g.out16 + at;
         const float* bias = g.bias ? g.bias + pan * kNR : nullptr;
+        const GeluStore gs{pan * kNR, g.n, g.pre16 ? g.pre16 + at : nullptr};
+        const GeluStore* gelu = g.gelu ? &gs : nullptr;
         if (g.row_a) {
           Bf16Tile<true>(reinterpret_cast<const uint32_t*>(g.a + blk * kMR * g.k), bp, g.kp, nullptr, g.n, rows, cols,
-                         g.alpha, 0.0f, out, bias, g.kp);
+                         g.alpha, 0.0f, out, bias, g.kp, gelu);
         } else {
           Bf16Tile<false>(g.ap + size_t(blk) * size_t(g.kp) * kMR, bp, g.kp, nullptr, g.n, rows, cols, g.alpha, 0.0f,
-                          out, bias);
+                          out, bias, 0, gelu);
         }
       }
     }
@@ -1859,8 +1873,8 @@ void EpilogueBody(void* ctx, int64_t begin, int64_t end) {
 // no amax (bias is added in the tile).
 bool DirectBf16(const Gemm& g) {
   return g.a16 != nullptr && g.td == DType::kBF16 && !(g.c != nullptr && g.beta != 0.0f) &&
-         (!g.gelu || (g.amx && (g.pre == nullptr || g.tpre == DType::kBF16))) && !g.dgelu && g.amax == nullptr &&
-         g.k > 0 && g.alpha != 0.0f;
+         (!g.gelu || g.pre == nullptr || g.tpre == DType::kBF16) && !g.dgelu && g.amax == nullptr && g.k > 0 &&
+         g.alpha != 0.0f;
 }
 
 void Run(const tefl_call_frame* f, const Gemm& g, std::vector<float>& scratch) {
@@ -1963,8 +1977,8 @@ OnePlan PlanOne(const tefl_call_frame* f, const OneGemm& o, bool scan) {
 }
 bool OneDirect(const OneGemm& o, const OnePlan& p) {
   return p.bf16 && o.td == DType::kBF16 && !(o.c != nullptr && o.beta != 0.0f) &&
-         (!o.gelu || (!o.grad && p.amx && (o.pre == nullptr || o.tpre == DType::kBF16))) && o.d_amax == nullptr &&
-         o.k > 0 && o.alpha != 0.0f;
+         (!o.gelu || (!o.grad && (o.pre == nullptr || o.tpre == DType::kBF16))) && o.d_amax == nullptr && o.k > 0 &&
+         o.alpha != 0.0f;
 }
 // Every buffer Execute needs (allocation may throw; nothing is written yet).
 void Reserve(Workspace& ws, const OneGemm& o, const OnePlan& p) {
