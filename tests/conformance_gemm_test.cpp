@@ -1367,7 +1367,10 @@ TEST(GemmConformanceSpecial, AmxStreamedOutputMatchesSmallCall) {
 // no second pass), against the reference: a partial row block and a partial
 // last panel whose columns past N rounded down to 16 are scalar (N = 100),
 // transposes, and A read in place (K = 1024). ctest runs it on the AMX tiles
-// and, with TEFL_PORTABLE_GEMM_AMX=0, on the vdpbf16ps tiles.
+// and, with TEFL_PORTABLE_GEMM_AMX=0, on the vdpbf16ps tiles. Where the CPU
+// has AVX512-BF16 the tiles round D and pre_gelu_out with vcvtne2ps2bf16:
+// TEFL_PORTABLE_BF16_CVT=0 (Highway's integer rounding) must give the same
+// bits.
 TEST(GemmConformanceSpecial, Bf16FusedGeluEpilogue) {
   struct Case {
     int64_t m, n, k;
@@ -1384,6 +1387,15 @@ TEST(GemmConformanceSpecial, Bf16FusedGeluEpilogue) {
                            "fused_gelu");
       CheckAll(p);
       if (::testing::Test::HasFatalFailure()) return;
+      Problem native = p, integer = p;
+      ASSERT_TRUE(native.Run("default.portable").ok());
+      ASSERT_TRUE(
+          WithPortableSwitch("TEFL_PORTABLE_BF16_CVT", "0", [&] { return integer.Run("default.portable"); }).ok());
+      for (size_t o : {size_t(kD), size_t(kPreGelu)}) {
+        if (!native.out[o]) continue;
+        EXPECT_EQ(std::memcmp(native.out[o]->bytes(), integer.out[o]->bytes(), native.out[o]->nbytes()), 0)
+            << "output " << o;
+      }
     }
 }
 

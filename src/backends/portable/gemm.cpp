@@ -174,16 +174,36 @@ HWY_NOINLINE void EpilogueRow(float* HWY_RESTRICT row, size_t n, const float* HW
 // each element takes the same formula as on the unfused path.
 HWY_NOINLINE void GeluTileBf16(const float* HWY_RESTRICT acc, size_t acc_ld, size_t rows, size_t col0, size_t cols,
                                size_t n, float alpha, const float* HWY_RESTRICT bias, bfloat16_t* pre, bfloat16_t* out,
-                               size_t ld) {
+                               size_t ld, bool native) {
   const D d;
   const size_t lanes = hn::Lanes(d);
   const size_t vec_cols = std::min(cols, n / lanes * lanes > col0 ? n / lanes * lanes - col0 : 0);
   const V va = hn::Set(d, alpha);
+#if TEFL_BF16_NATIVE
+  // native (AVX512-BF16, TEFL_PORTABLE_BF16_CVT): two vectors at a time
+  // rounded by vcvtne2ps2bf16, bit for bit the emulated rounding
+  // (simd_io-inl.h), which held ~35 % of this function's samples.
+  const hn::ScalableTag<uint16_t> du16;
+  const size_t pair_cols = native ? vec_cols / (2 * lanes) * (2 * lanes) : 0;
+#else
+  (void)native;
+#endif
   for (size_t r = 0; r < rows; ++r) {
     const float* a = acc + r * acc_ld;
     bfloat16_t* pre_row = pre ? pre + r * ld : nullptr;
     bfloat16_t* out_row = out + r * ld;
     size_t j = 0;
+#if TEFL_BF16_NATIVE
+    for (; j < pair_cols; j += 2 * lanes) {
+      V v0 = hn::Mul(hn::LoadU(d, a + j), va), v1 = hn::Mul(hn::LoadU(d, a + j + lanes), va);
+      if (bias) {
+        v0 = hn::Add(v0, hn::LoadU(d, bias + j));
+        v1 = hn::Add(v1, hn::LoadU(d, bias + j + lanes));
+      }
+      if (pre_row) hn::StoreU(RoundToBF16Bits2Native(v0, v1), du16, reinterpret_cast<uint16_t*>(pre_row + j));
+      hn::StoreU(RoundToBF16Bits2Native(Gelu(d, v0), Gelu(d, v1)), du16, reinterpret_cast<uint16_t*>(out_row + j));
+    }
+#endif
     for (; j < vec_cols; j += lanes) {
       V v = hn::Mul(hn::LoadU(d, a + j), va);
       if (bias) v = hn::Add(v, hn::LoadU(d, bias + j));
@@ -423,6 +443,7 @@ struct Bf16Job {
   const float* bias;          // [N] fp32 added before the bf16 rounding, or NULL
   bool gelu = false;          // out16 = bf16(gelu(alpha * sum + bias)) (GeluTileBf16)
   uint16_t* pre16 = nullptr;  // with gelu: bf16(alpha * sum + bias) [M, N], or NULL
+  bool native_bf16 = false;   // with gelu: UseBf16NativeStore() (GeluTileBf16's rounding)
   int64_t m_blocks, n_panels, m_supers, n_groups;
   bool row_a = false;            // the tiles read row-major A in place, A scanned instead of packed: with amx (set by
                                  // Bf16Setup) all but a partial last row block (AmxA); else the direct path's
@@ -770,6 +791,7 @@ __attribute__((target("avx512f"))) void StreamRows(const __m512i* src, char* dst
 struct GeluStore {
   int64_t col0, n;
   uint16_t* pre16;
+  bool native;  // UseBf16NativeStore()
 };
 // One 8 x 32 tile of D by vdpbf16ps over kp pairs, stored by StoreAccRows
 // (with `gelu`, by GeluTileBf16 into out16).
@@ -832,7 +854,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void Bf16Tile(
   if (gelu) {
     HWY_DYNAMIC_DISPATCH(GeluTileBf16)
     (acc, kNR, size_t(rows), size_t(gelu->col0), size_t(cols), size_t(gelu->n), alpha, bias,
-     reinterpret_cast<hwy::bfloat16_t*>(gelu->pre16), reinterpret_cast<hwy::bfloat16_t*>(out16), size_t(ldc));
+     reinterpret_cast<hwy::bfloat16_t*>(gelu->pre16), reinterpret_cast<hwy::bfloat16_t*>(out16), size_t(ldc),
+     gelu->native);
     return;
   }
   StoreAccRows(acc, rows, cols, alpha, beta, c, ldc, out16, bias);
@@ -1147,7 +1170,7 @@ void AmxBody(void* ctx, int64_t begin, int64_t end) {
           HWY_DYNAMIC_DISPATCH(GeluTileBf16)
           (acc[blk - b0], kNR, size_t(rows), size_t(pan * kNR), size_t(cols), size_t(g.n), g.alpha,
            g.bias ? g.bias + pan * kNR : nullptr, g.pre16 ? reinterpret_cast<hwy::bfloat16_t*>(g.pre16 + at) : nullptr,
-           reinterpret_cast<hwy::bfloat16_t*>(g.out16 + at), size_t(g.n));
+           reinterpret_cast<hwy::bfloat16_t*>(g.out16 + at), size_t(g.n), g.native_bf16);
           continue;
         }
         StoreAccRows(acc[blk - b0], rows, cols, g.alpha, g.beta, g.out16 ? nullptr : g.c + at, g.n,
@@ -1225,7 +1248,7 @@ void Bf16DirectBody(void* ctx, int64_t begin, int64_t end) {
         const int64_t at = blk * kMR * g.n + pan * kNR;
         uint16_t* out = g.out16 + at;
         const float* bias = g.bias ? g.bias + pan * kNR : nullptr;
-        const GeluStore gs{pan * kNR, g.n, g.pre16 ? g.pre16 + at : nullptr};
+        const GeluStore gs{pan * kNR, g.n, g.pre16 ? g.pre16 + at : nullptr, g.native_bf16};
         const GeluStore* gelu = g.gelu ? &gs : nullptr;
         if (g.row_a) {
           Bf16Tile<true>(reinterpret_cast<const uint32_t*>(g.a + blk * kMR * g.k), bp, g.kp, nullptr, g.n, rows, cols,
@@ -1336,6 +1359,7 @@ void Bf16Gemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, 
   g.bias = bias;
   g.gelu = gelu;
   g.pre16 = pre16;
+  g.native_bf16 = gelu && UseBf16NativeStore();
   if (!prepacked) {
     f->host->parallel_for(g.m_blocks, 1, PackAAnyBody, &g);
     f->host->parallel_for(g.n_panels, 1, PackBBody, &g);
@@ -1442,6 +1466,7 @@ bool Bf16FusedDirect(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int6
   g.bias = bias;
   g.gelu = gelu;
   g.pre16 = pre16;
+  g.native_bf16 = gelu && UseBf16NativeStore();
   if (!amx) g.row_a = !ta && k % 2 == 0 && reinterpret_cast<uintptr_t>(a) % 4 == 0;  // amx: Bf16Setup
   FusedSchedule(f, g, groups);
   const bool ran = !g.hit.load();
