@@ -165,13 +165,15 @@ HWY_NOINLINE void EpilogueRow(float* HWY_RESTRICT row, size_t n, const float* HW
   if (amax) *amax = m;
 }
 
-// The GELU epilogue of a bf16 D fused into the AMX tiles' store (no fp32
-// pass over D): one tile of fp32 sums acc [rows][acc_ld] holding columns
-// [col0, col0 + cols) of an n-column D; v = alpha * acc + bias (bias from
-// col0), pre (if not NULL) = bf16(v), out = bf16(gelu(v)); pre and out point
-// at the tile's first element, rows ld apart. Vectors cover the columns below
-// n rounded down to the lanes and the rest is scalar, as in EpilogueRow, so
-// each element takes the same formula as on the unfused path.
+// The GELU epilogue of a bf16 D fused into the bf16 tiles' stores (AMX and
+// vdpbf16ps; no fp32 pass over D): one tile of fp32 sums acc [rows][acc_ld]
+// holding columns [col0, col0 + cols) of an n-column D; v = alpha * acc +
+// bias (bias from col0), pre (if not NULL) = bf16(v), out = bf16(gelu(v));
+// pre and out point at the tile's first element, rows ld apart; plain stores.
+// Vectors cover the columns below n rounded down to the lanes and the rest is
+// scalar, as in EpilogueRow, so each element takes the same formulas as on
+// the unfused path (here the product and the bias add may be contracted into
+// one FMA: the last bit of v can differ).
 HWY_NOINLINE void GeluTileBf16(const float* HWY_RESTRICT acc, size_t acc_ld, size_t rows, size_t col0, size_t cols,
                                size_t n, float alpha, const float* HWY_RESTRICT bias, bfloat16_t* pre, bfloat16_t* out,
                                size_t ld, bool native) {
@@ -1894,8 +1896,9 @@ void EpilogueBody(void* ctx, int64_t begin, int64_t end) {
 }
 
 // Runs g; `scratch` holds the fp32 result when D is not fp32.
-// Whether g takes the bf16 path straight into a bf16 D: no Cterm, no GELU,
-// no amax (bias is added in the tile).
+// Whether g takes the bf16 path straight into a bf16 D: no Cterm, no amax,
+// not DGELU, GELU only with a bf16 or absent pre_gelu_out (bias, and GELU by
+// GeluTileBf16, are applied in the tile's store).
 bool DirectBf16(const Gemm& g) {
   return g.a16 != nullptr && g.td == DType::kBF16 && !(g.c != nullptr && g.beta != 0.0f) &&
          (!g.gelu || g.pre == nullptr || g.tpre == DType::kBF16) && !g.dgelu && g.amax == nullptr && g.k > 0 &&
