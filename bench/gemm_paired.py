@@ -17,9 +17,13 @@ Both sides compute D = A @ B, row-major A [M, K], B [K, N], D preallocated
 and written every call; torch.set_num_threads(--threads), and tefl's pool
 the same (TEFL_NUM_THREADS is set to --threads unless it is already set;
 a different value is reported, since the comparison is then unequal).
+A case DTYPE/fprop/MxNxK is TE's forward of a linear layer with GELU: W is
+[N, K] (transb), pre = A @ W^T + bias and D = gelu_tanh(pre), both written;
+tefl does it in one generic_gemm call (bias, gelu, pre_gelu_out), torch in
+torch.addmm(bias, A, W.t(), out=pre) and aten::gelu.out(pre, 'tanh', out=D).
 
 Usage: python3 bench/gemm_paired.py [--lib build/release/libtefl.so]
-       [--cases fp32/512x512x512,...] [--pairs 20] [--chunk 0.3] [--gap 0.2]
+       [--cases fp32/512x512x512,bf16/fprop/2048x2048x2048,...] [--pairs 20] [--chunk 0.3] [--gap 0.2]
        [--threads 2] [--json]
 """
 import argparse
@@ -56,13 +60,17 @@ def chunk_ms(fn, seconds, gap):
 
 
 def parse_case(ap, case):
-    """'fp32/512x512x512' -> (case, torch dtype, (M, N, K)); a malformed case is an argument error."""
-    dname, _, mnk = case.partition("/")
+    """'fp32/512x512x512' -> (case, torch dtype, (M, N, K), fprop); 'bf16/fprop/MxNxK' sets fprop; a malformed
+    case is an argument error."""
+    parts = case.split("/")
+    fprop = len(parts) == 3 and parts[1] == "fprop"
+    dname, mnk = parts[0], parts[-1]
     dims = mnk.split("x")
-    if dname not in DTYPES or len(dims) != 3 or not all(v.isdigit() and int(v) > 0 for v in dims):
-        ap.error(f"--cases: '{case}' is not DTYPE/MxNxK with DTYPE one of {', '.join(DTYPES)} and M, N, K "
-                 "positive integers (e.g. fp32/512x512x512)")
-    return case, DTYPES[dname], tuple(int(v) for v in dims)
+    if (len(parts) != 2 and not fprop) or dname not in DTYPES or len(dims) != 3 or not all(
+            v.isdigit() and int(v) > 0 for v in dims):
+        ap.error(f"--cases: '{case}' is not DTYPE/MxNxK or DTYPE/fprop/MxNxK with DTYPE one of "
+                 f"{', '.join(DTYPES)} and M, N, K positive integers (e.g. fp32/512x512x512)")
+    return case, DTYPES[dname], tuple(int(v) for v in dims), fprop
 
 
 def main():
@@ -84,20 +92,27 @@ def main():
         print(f"note: TEFL_NUM_THREADS={tefl_threads} but torch runs {args.threads} threads", file=sys.stderr)
     lib = load(args.lib)
     gemm_id = lib.tefl_op_id(b"generic_gemm")
-    attrs = GemmAttrs(ctypes.sizeof(GemmAttrs), 0, 0, 1.0, 1.0, 0, 0, 0, 0)
     rows = []
-    for case, dt, (m, n, k) in cases:
+    for case, dt, (m, n, k), fprop in cases:
         g = torch.Generator().manual_seed(0)
         a = (torch.rand(m, k, generator=g) - 0.5).to(dt)
-        b = (torch.rand(k, n, generator=g) - 0.5).to(dt)
+        b = (torch.rand(n, k, generator=g) - 0.5).to(dt) if fprop else (torch.rand(k, n, generator=g) - 0.5).to(dt)
+        bias = (torch.rand(n, generator=g) - 0.5).to(dt)
         d_tefl, d_torch = torch.empty(m, n, dtype=dt), torch.empty(m, n, dtype=dt)
+        pre_tefl, pre_torch = torch.empty(m, n, dtype=dt), torch.empty(m, n, dtype=dt)
         keep = []
         # in: A B C bias a_scale_inv b_scale_inv d_scale; out: D pre_gelu_out bias_grad d_amax
-        tefl = bind(lib, gemm_id, [dl(a, keep), dl(b, keep), None, None, None, None, None],
-                    [dl(d_tefl, keep), None, None, None], attrs)
+        attrs = GemmAttrs(ctypes.sizeof(GemmAttrs), 0, int(fprop), 1.0, 1.0, 0, int(fprop), 0, 0)
+        tefl = bind(lib, gemm_id, [dl(a, keep), dl(b, keep), None, dl(bias, keep) if fprop else None, None, None, None],
+                    [dl(d_tefl, keep), dl(pre_tefl, keep) if fprop else None, None, None], attrs)
 
-        def torch_mm(a=a, b=b, d=d_torch):
-            torch.matmul(a, b, out=d)
+        if fprop:
+            def torch_mm(a=a, b=b, bias=bias, pre=pre_torch, d=d_torch):
+                torch.addmm(bias, a, b.t(), out=pre)
+                torch.ops.aten.gelu.out(pre, approximate="tanh", out=d)
+        else:
+            def torch_mm(a=a, b=b, d=d_torch):
+                torch.matmul(a, b, out=d)
 
         tefl()
         torch_mm()
