@@ -1316,15 +1316,19 @@ TEST(GemmConformanceSpecial, AmxTilesAcrossBoundaries) {
 // block's sums do not depend on M), which for K < 1024 is itself checked
 // against the reference: N = 2064 (not staged), and N = 2048 with packed A
 // and a 40-row last task, with A in place (K = 1024) and a 16-row last
-// block, and with alpha = 2 (C with beta = 0) and bias (the last three with
-// the AMX tiles on).
+// block, and with alpha = 2 (C with beta = 0) and bias; and bias + GELU with
+// pre_gelu_out (the fused GELU tile streams D and pre_gelu_out, both
+// compared; the last four with the AMX tiles on).
 TEST(GemmConformanceSpecial, AmxStreamedOutputMatchesSmallCall) {
   struct Case {
     int64_t m, n, k;
     int epi;
   };
-  const Case cases[] = {
-      {2048, 2048 + 16, 40, 1}, {2048 + 40, 2048, 96, 1}, {2048 + 16, 2048, 1024, 1}, {2048 + 40, 2048, 64, 5}};
+  const Case cases[] = {{2048, 2048 + 16, 40, 1},
+                        {2048 + 40, 2048, 96, 1},
+                        {2048 + 16, 2048, 1024, 1},
+                        {2048 + 40, 2048, 64, 5},
+                        {2048 + 40, 2048, 64, 2}};
   auto at = [](const std::optional<Tensor>& t) { return static_cast<uint8_t*>(t->bytes()); };
   // The staged cases exercise the AMX tiles' stores: without them (ctest
   // GemmNoAmx, older CPUs) only the first case runs.
@@ -1357,8 +1361,15 @@ TEST(GemmConformanceSpecial, AmxStreamedOutputMatchesSmallCall) {
       Problem again = part;
       ASSERT_TRUE(again.Run("default.portable").ok());
       EXPECT_EQ(std::memcmp(at(big.out[kD]) + size_t(r0 * n) * 2, at(again.out[kD]), size_t(96 * n) * 2), 0);
+      if (big.out[kPreGelu]) {
+        EXPECT_EQ(std::memcmp(at(big.out[kPreGelu]) + size_t(r0 * n) * 2, at(again.out[kPreGelu]), size_t(96 * n) * 2),
+                  0);
+      }
     }
     EXPECT_TRUE(big.out[kD]->GuardsIntact());
+    if (big.out[kPreGelu]) {
+      EXPECT_TRUE(big.out[kPreGelu]->GuardsIntact());
+    }
   }
 }
 
