@@ -235,6 +235,23 @@ HWY_NOINLINE void GeluTileBf16(const float* HWY_RESTRICT acc, size_t acc_ld, siz
   }
 }
 
+// sums[j] += rows [0, rows) of column j (fp32 rows ld apart, double sums),
+// for the columns [j0, j1): each column's rows are added in row order, as a
+// scalar loop would, so the sums do not depend on how columns are split.
+HWY_NOINLINE void AddColumnSums(const float* HWY_RESTRICT rows_f32, size_t rows, size_t ld, size_t j0, size_t j1,
+                                double* HWY_RESTRICT sums) {
+  const hn::ScalableTag<double> dd;
+  const hn::Rebind<float, decltype(dd)> df;
+  const size_t lanes = hn::Lanes(dd);
+  for (size_t r = 0; r < rows; ++r) {
+    const float* row = rows_f32 + r * ld;
+    size_t j = j0;
+    for (; j + lanes <= j1; j += lanes)
+      hn::StoreU(hn::Add(hn::LoadU(dd, sums + j), hn::PromoteTo(dd, hn::LoadU(df, row + j))), dd, sums + j);
+    for (; j < j1; ++j) sums[j] += double(row[j]);
+  }
+}
+
 }  // namespace tefl::backends::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -242,6 +259,7 @@ HWY_AFTER_NAMESPACE();
 namespace tefl::backends {
 HWY_EXPORT(EpilogueRow);
 HWY_EXPORT(GeluTileBf16);
+HWY_EXPORT(AddColumnSums);
 namespace {
 
 constexpr const char* kImpl = "default.portable";
@@ -1908,6 +1926,22 @@ void EpilogueBody(void* ctx, int64_t begin, int64_t end) {
   if (g.amax) AtomicMax(g.amax, amax);
 }
 
+// DGELU's bias_grad: column sums of the fp32 rows, chunks of columns over
+// the host pool (each column summed over all rows in row order by one
+// thread: the same doubles for any split; was one thread's scalar loop,
+// docs/perf-gemm.md, session 32).
+constexpr int64_t kColumnSumsChunk = 512;
+struct ColumnSumsCtx {
+  const float* rows;
+  int64_t m, n;
+  double* sums;
+};
+void ColumnSumsBody(void* ctx, int64_t begin, int64_t end) {
+  const auto& c = *static_cast<const ColumnSumsCtx*>(ctx);
+  const int64_t j0 = begin * kColumnSumsChunk, j1 = std::min(c.n, end * kColumnSumsChunk);
+  HWY_DYNAMIC_DISPATCH(AddColumnSums)(c.rows, size_t(c.m), size_t(c.n), size_t(j0), size_t(j1), c.sums);
+}
+
 // Runs g; `scratch` holds the fp32 result when D is not fp32.
 // Whether g takes the bf16 path straight into a bf16 D: no Cterm, no amax,
 // not DGELU, GELU only with a bf16 or absent pre_gelu_out (bias, and GELU by
@@ -1952,10 +1986,8 @@ void Run(const tefl_call_frame* f, const Gemm& g, std::vector<float>& scratch) {
     f->host->parallel_for(g.m, grain, EpilogueBody, &e);
   }
   if (g.col_sums) {  // the rows keep D before rounding / FP8 scaling
-    for (int64_t r = 0; r < g.m; ++r) {
-      const float* row = acc + size_t(r) * size_t(g.n);
-      for (int64_t j = 0; j < g.n; ++j) g.col_sums[j] += double(row[j]);
-    }
+    ColumnSumsCtx cs{acc, g.m, g.n, g.col_sums};
+    f->host->parallel_for((g.n + kColumnSumsChunk - 1) / kColumnSumsChunk, 1, ColumnSumsBody, &cs);
   }
 }
 
