@@ -97,6 +97,8 @@ HWY_INLINE V DGelu(D d, V x) {
   const V left = hn::Mul(hn::Mul(hn::Mul(half, x), hn::NegMulAdd(t, t, hn::Set(d, 1.0f))), slope);
   return hn::MulAdd(half, t, hn::Add(left, half));
 }
+// The scalar tails' GELU (the formula itself, with std::tanh).
+HWY_INLINE float GeluScalar(float x) { return x * (0.5f + 0.5f * std::tanh(x * (0.79788456f + 0.03567741f * x * x))); }
 HWY_INLINE float DGeluScalar(float x) {
   const float t = std::tanh(x * (0.79788456f + 0.03567741f * x * x));
   return 0.5f * x * (1.0f - t * t) * (0.79788456f + 0.1070322243f * x * x) + 0.5f * (1.0f + t);
@@ -154,7 +156,7 @@ HWY_NOINLINE void EpilogueRow(float* HWY_RESTRICT row, size_t n, const float* HW
       row[j] = v;
     } else if (gelu) {
       if (pre) StoreFromFloat(pre, int64_t(j), tpre, v);
-      v = v * (0.5f + 0.5f * std::tanh(v * (0.79788456f + 0.03567741f * v * v)));
+      v = GeluScalar(v);
     }
     if (std::fabs(v) > m) m = std::fabs(v);
     if (fp8)
@@ -229,7 +231,7 @@ HWY_NOINLINE void GeluTileBf16(const float* HWY_RESTRICT acc, size_t acc_ld, siz
       float v = a[j] * alpha;
       if (bias) v += bias[j];
       if (pre_row) StoreFromFloat(pre_row, int64_t(j), DType::kBF16, v);
-      v = v * (0.5f + 0.5f * std::tanh(v * (0.79788456f + 0.03567741f * v * v)));
+      v = GeluScalar(v);
       StoreFromFloat(out_row, int64_t(j), DType::kBF16, v);
     }
   }
@@ -819,8 +821,16 @@ __attribute__((target("avx512f"))) void StreamRows(const __m512i* src, char* dst
   for (int64_t i = 0; i < n; ++i) _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i * ld), src[i]);
 }
 
-// Where a tile's GELU epilogue goes (GeluTileBf16): the tile's first column
-// in D, D's columns, and pre_gelu_out at the tile's first element or NULL.
+// GeluTileBf16 on bf16 bits (see there): acc [rows][kNR], columns [col0,
+// col0 + cols) of an n-column D; pre16 / out16 at the tile's first element.
+void GeluTile(const float* acc, int rows, int cols, int64_t col0, int64_t n, float alpha, const float* bias,
+              uint16_t* pre16, uint16_t* out16, int64_t ld, bool native, bool stream) {
+  HWY_DYNAMIC_DISPATCH(GeluTileBf16)
+  (acc, kNR, size_t(rows), size_t(col0), size_t(cols), size_t(n), alpha, bias,
+   reinterpret_cast<hwy::bfloat16_t*>(pre16), reinterpret_cast<hwy::bfloat16_t*>(out16), size_t(ld), native, stream);
+}
+// Where a tile's GELU epilogue goes (GeluTile): the tile's first column in
+// D, D's columns, and pre_gelu_out at the tile's first element or NULL.
 struct GeluStore {
   int64_t col0, n;
   uint16_t* pre16;
@@ -884,13 +894,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void Bf16Tile(
   TEFL_BF16_SAVE(6)
   TEFL_BF16_SAVE(7)
 #undef TEFL_BF16_SAVE
-  if (gelu) {
-    HWY_DYNAMIC_DISPATCH(GeluTileBf16)
-    (acc, kNR, size_t(rows), size_t(gelu->col0), size_t(cols), size_t(gelu->n), alpha, bias,
-     reinterpret_cast<hwy::bfloat16_t*>(gelu->pre16), reinterpret_cast<hwy::bfloat16_t*>(out16), size_t(ldc),
-     gelu->native, false);
-    return;
-  }
+  if (gelu)
+    return GeluTile(acc, rows, cols, gelu->col0, gelu->n, alpha, bias, gelu->pre16, out16, ldc, gelu->native, false);
   StoreAccRows(acc, rows, cols, alpha, beta, c, ldc, out16, bias);
 }
 
@@ -1200,10 +1205,8 @@ void AmxBody(void* ctx, int64_t begin, int64_t end) {
         const int rows = int(std::min<int64_t>(kAmxRows, g.m - blk * kAmxRows));
         const int64_t at = blk * kAmxRows * g.n + pan * kNR;
         if (g.gelu) {
-          HWY_DYNAMIC_DISPATCH(GeluTileBf16)
-          (acc[blk - b0], kNR, size_t(rows), size_t(pan * kNR), size_t(cols), size_t(g.n), g.alpha,
-           g.bias ? g.bias + pan * kNR : nullptr, g.pre16 ? reinterpret_cast<hwy::bfloat16_t*>(g.pre16 + at) : nullptr,
-           reinterpret_cast<hwy::bfloat16_t*>(g.out16 + at), size_t(g.n), g.native_bf16, stream);
+          GeluTile(acc[blk - b0], rows, cols, pan * kNR, g.n, g.alpha, g.bias ? g.bias + pan * kNR : nullptr,
+                   g.pre16 ? g.pre16 + at : nullptr, g.out16 + at, g.n, g.native_bf16, stream);
           continue;
         }
         StoreAccRows(acc[blk - b0], rows, cols, g.alpha, g.beta, g.out16 ? nullptr : g.c + at, g.n,
@@ -1366,6 +1369,15 @@ void Bf16Setup(Bf16Job& g, bool ta, bool tb, int64_t m, int64_t n, int64_t k, co
   g.bp = g.ap + a_words;
 }
 
+// The tiles' direct bf16 output (out16 NULL: none; the fp32 c is written).
+void SetDirectOutput(Bf16Job& g, uint16_t* out16, const float* bias, bool gelu, uint16_t* pre16) {
+  g.out16 = out16;
+  g.bias = bias;
+  g.gelu = gelu;
+  g.pre16 = pre16;
+  g.native_bf16 = gelu && UseBf16NativeStore();
+}
+
 // Packs op(A) and op(B) into `packed`; true when they hold a subnormal bf16
 // value (the packed panels are then unusable: vdpbf16ps reads it as 0).
 bool Bf16Pack(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* a, const void* b,
@@ -1388,11 +1400,7 @@ void Bf16Gemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, 
   g.alpha = alpha;
   g.beta = beta;
   g.c = c;
-  g.out16 = out16;
-  g.bias = bias;
-  g.gelu = gelu;
-  g.pre16 = pre16;
-  g.native_bf16 = gelu && UseBf16NativeStore();
+  SetDirectOutput(g, out16, bias, gelu, pre16);
   if (!prepacked) {
     f->host->parallel_for(g.m_blocks, 1, PackAAnyBody, &g);
     f->host->parallel_for(g.n_panels, 1, PackBBody, &g);
@@ -1495,11 +1503,7 @@ bool Bf16FusedDirect(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int6
   g.alpha = alpha;
   g.beta = 0.0f;
   g.c = nullptr;
-  g.out16 = out16;
-  g.bias = bias;
-  g.gelu = gelu;
-  g.pre16 = pre16;
-  g.native_bf16 = gelu && UseBf16NativeStore();
+  SetDirectOutput(g, out16, bias, gelu, pre16);
   if (!amx) g.row_a = !ta && k % 2 == 0 && reinterpret_cast<uintptr_t>(a) % 4 == 0;  // amx: Bf16Setup
   FusedSchedule(f, g, groups);
   const bool ran = !g.hit.load();
@@ -1946,10 +1950,12 @@ void ColumnSumsBody(void* ctx, int64_t begin, int64_t end) {
 // Whether g takes the bf16 path straight into a bf16 D: no Cterm, no amax,
 // not DGELU, GELU only with a bf16 or absent pre_gelu_out (bias, and GELU by
 // GeluTileBf16, are applied in the tile's store).
+// A GELU epilogue the tiles can apply (GeluTile): not DGELU, pre_gelu_out
+// bf16 or absent.
+bool TileGelu(bool dgelu, const void* pre, DType tpre) { return !dgelu && (pre == nullptr || tpre == DType::kBF16); }
 bool DirectBf16(const Gemm& g) {
   return g.a16 != nullptr && g.td == DType::kBF16 && !(g.c != nullptr && g.beta != 0.0f) &&
-         (!g.gelu || g.pre == nullptr || g.tpre == DType::kBF16) && !g.dgelu && g.amax == nullptr && g.k > 0 &&
-         g.alpha != 0.0f;
+         (!g.gelu || TileGelu(g.dgelu, g.pre, g.tpre)) && !g.dgelu && g.amax == nullptr && g.k > 0 && g.alpha != 0.0f;
 }
 
 void Run(const tefl_call_frame* f, const Gemm& g, std::vector<float>& scratch) {
@@ -2050,8 +2056,7 @@ OnePlan PlanOne(const tefl_call_frame* f, const OneGemm& o, bool scan) {
 }
 bool OneDirect(const OneGemm& o, const OnePlan& p) {
   return p.bf16 && o.td == DType::kBF16 && !(o.c != nullptr && o.beta != 0.0f) &&
-         (!o.gelu || (!o.grad && (o.pre == nullptr || o.tpre == DType::kBF16))) && o.d_amax == nullptr && o.k > 0 &&
-         o.alpha != 0.0f;
+         (!o.gelu || TileGelu(o.grad, o.pre, o.tpre)) && o.d_amax == nullptr && o.k > 0 && o.alpha != 0.0f;
 }
 // Every buffer Execute needs (allocation may throw; nothing is written yet).
 void Reserve(Workspace& ws, const OneGemm& o, const OnePlan& p) {
