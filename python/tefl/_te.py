@@ -8,6 +8,16 @@ tefl's default manager; the native functions stay reachable through `_nv`
 and are registered as the `vendor.cuda` implementation of the catalogue ops
 they provide (CUDA tensors only). Attributes that are not catalogue ops are
 the native module's, so the rest of TE keeps working.
+
+Only the ops whose Python call signature is TransformerEngine's own
+(TE_SIGNATURE_OPS: the normalization, RoPE, activation, softmax and
+dropout families, and generic_gemm and the attention entry points through
+tefl._te_api) are served by tefl on this module and take the native
+functions as their vendor.cuda backend. The others (quantize, dequantize,
+compute_amax, the scaling recipes, fp8_transpose, te_general_grouped_gemm,
+fused_attn_fwd/bwd, the fused FP8 forms) have tefl's own signatures, which
+TE's code would call wrongly: the native module's function of that name is
+served when it has one, and tefl's op (with tefl's signature) otherwise.
 """
 from __future__ import annotations
 
@@ -28,6 +38,15 @@ TE_API = {"generic_gemm": "generic_gemm", "flash_attention": "FlashAttention",
           "get_attention_backend": "get_attention_backend", "get_flash_attention_class": "get_flash_attention_class"}
 
 
+# Families whose catalogue ops take TransformerEngine's pybind arguments in
+# TE's order (docs/python.md); their FP8-output forms (*_fp8) are tefl's.
+TE_SIGNATURE_FAMILIES = ("normalization", "rope", "activation", "softmax", "dropout")
+
+
+TE_SIGNATURE_OPS = frozenset(s["name"] for s in SCHEMAS
+                             if s["family"] in TE_SIGNATURE_FAMILIES and not s["name"].endswith("_fp8"))
+
+
 class TeflTexModule(types.ModuleType):
     """transformer_engine_torch served by tefl. An op appears as soon as the
     default registry has an implementation of it, including ops registered
@@ -44,7 +63,10 @@ class TeflTexModule(types.ModuleType):
             f = getattr(_te_api, TE_API[name])
             setattr(self, name, f)
             return f
+        nv = self.__dict__.get("_nv")
         schema = BY_NAME.get(name)
+        if schema is not None and schema["name"] not in TE_SIGNATURE_OPS and nv is not None and hasattr(nv, name):
+            return getattr(nv, name)  # tefl's op of that name takes other arguments than TE's
         if schema is not None:
             mgr = get_default_manager()
             mgr.ensure_initialized()
@@ -52,7 +74,6 @@ class TeflTexModule(types.ModuleType):
                 f = op_function(name)
                 setattr(self, name, f)  # cached: implementations are never unregistered one by one
                 return f
-        nv = self.__dict__.get("_nv")
         if nv is not None and name not in ATTENTION_NAMES and hasattr(nv, name):
             return getattr(nv, name)
         raise AttributeError(f"module '{STUB_NAME}' (tefl) has no attribute '{name}'")
@@ -88,13 +109,16 @@ def install_stub(name: str = STUB_NAME, nv: Optional[types.ModuleType] = None) -
 
 
 def _register_native(nv: types.ModuleType) -> int:
-    """The native module's functions as vendor.cuda implementations."""
+    """The native module's functions as vendor.cuda implementations of the
+    ops whose tefl signature is TE's (TE_SIGNATURE_OPS)."""
     from ._types import BackendImplKind
     from .core import OpImpl, get_default_manager
 
     reg = get_default_manager().registry
     impls = []
     for schema in SCHEMAS:
+        if schema["name"] not in TE_SIGNATURE_OPS:
+            continue
         fn = getattr(nv, schema["name"], None)
         if not callable(fn) or reg.get_implementation(schema["name"], "vendor.cuda") is not None:
             continue

@@ -154,3 +154,36 @@ def test_install_stub_without_te(clean_modules):
     assert y.shape == (2, 8)
     with pytest.raises(AttributeError, match="has no attribute 'not_a_te_function'"):
         mod.not_a_te_function
+
+
+def test_ops_with_tefl_signatures_leave_te_its_native_functions(clean_modules, monkeypatch):
+    """quantize, the scaling recipes, fp8_transpose, the grouped GEMM and
+    fused attention take other arguments in TE than in tefl: TE's code keeps
+    its native functions for them, and they never become tefl's vendor.cuda
+    backend; the ops with TE's signatures are still tefl's."""
+    monkeypatch.setenv("NVTE_PLUGIN", "tefl")
+    native = make_native()
+    te_only = ("quantize", "dequantize", "compute_amax", "fused_amax_and_scale_update_after_reduction",
+               "fp8_transpose", "te_general_grouped_gemm", "fused_attn_fwd", "fused_attn_bwd")
+    for name in te_only:
+        setattr(native, name, lambda *args, _n=name: ("native", _n, len(args)))
+    native.gelu = lambda *args: ("native", "gelu")
+    tex, _ = load_framework_extension("torch", native)
+    reg = tefl.get_default_manager().registry
+    for name in te_only:
+        assert getattr(tex, name) is getattr(native, name), name
+        assert reg.get_implementation(name, "vendor.cuda") is None, name
+    # TE's own call of quantize (tensor, quantizer, output, noop) reaches the native function
+    assert tex.quantize(torch.ones(2), object(), None, None) == ("native", "quantize", 4)
+    # gelu has TE's signature in tefl: served by tefl, the native function is its CUDA backend
+    torch.testing.assert_close(tex.gelu(torch.zeros(3), None), torch.zeros(3))
+    assert reg.get_implementation("gelu", "vendor.cuda").fn is native.gelu
+    assert tefl._te.TE_SIGNATURE_OPS.isdisjoint(te_only) and "rmsnorm_fwd" in tefl._te.TE_SIGNATURE_OPS
+
+
+def test_ops_with_tefl_signatures_without_te_are_tefls(clean_modules):
+    sys.modules.pop(STUB, None)
+    sys.modules.pop(NV, None)
+    mod = tefl.install_stub()
+    q = mod.quantize(torch.tensor([1.0, -2.0]), torch.ones(1))  # tefl's quantize(x, scale)
+    assert torch.equal(q[0].view(torch.uint8), torch.tensor([1.0, -2.0]).to(torch.float8_e4m3fn).view(torch.uint8))
