@@ -281,10 +281,18 @@ class OpSignature:
             else:
                 shape, dtype, ref = rule
                 like = shape == f"{ref}.shape" and dtype == f"{ref}.dtype"
+                # otype: one of the output's dtypes, checked here so that the
+                # error names otype (the output itself was never passed); with
+                # a quantizer it is the FP8 tensor's nominal dtype, as in TE
+                allowed = repr(tuple(s["outputs"][k]["dtypes"]))
+                if quant:
+                    allowed = f"({allowed} if {quant[0]} is None else None)"
+                ot = (f"_otype({otype[n]}, {dtype}, {self.name!r}, {otype[n]!r}, {allowed}, "
+                      f"{bool(quant)!r})") if n in otype else None
                 if n in otype and like:
-                    alloc = f"(_like({ref}) if {otype[n]} is None else _empty({ref}, {shape}, _otype({otype[n]}, {dtype}, {self.name!r}, {otype[n]!r})))"
+                    alloc = f"(_like({ref}) if {otype[n]} is None else _empty({ref}, {shape}, {ot}))"
                 elif n in otype:
-                    alloc = f"_empty({ref}, {shape}, _otype({otype[n]}, {dtype}, {self.name!r}, {otype[n]!r}))"
+                    alloc = f"_empty({ref}, {shape}, {ot})"
                 elif like:
                     alloc = f"_like({ref})"  # torch.empty_like is 2x cheaper than torch.empty
                 else:
@@ -510,7 +518,9 @@ def _like(ref):
     return _empty(ref, ref.shape, ref.dtype)
 
 
-def _otype(otype, default, op=None, param="otype"):
+def _otype(otype, default, op=None, param="otype", allowed=None, has_quantizer=False):
+    """The dtype name an otype argument asks for; one of `allowed` (the
+    output's dtypes) when given."""
     if otype is None:
         return default
     try:
@@ -520,6 +530,10 @@ def _otype(otype, default, op=None, param="otype"):
     if name not in DTYPE_NAMES.values():
         raise ValueError(f"{op}: argument '{param}' expects a tefl.DType, a torch/numpy dtype or a dtype name "
                          f"({', '.join(sorted(DTYPE_NAMES.values()))}), got {otype!r}") from None
+    if allowed is not None and name not in allowed:
+        hint = (" (an FP8 output comes from a Float8Quantizer passed as 'quantizer')"
+                if has_quantizer and name.startswith("float8") else "")
+        raise ValueError(f"{op}: argument '{param}' expects one of {', '.join(allowed)}, got {name}{hint}")
     return name
 
 

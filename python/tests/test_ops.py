@@ -324,6 +324,22 @@ def test_bad_otype_names_the_op_and_argument(manager):
     assert y.dtype == torch.bfloat16
 
 
+def test_an_otype_the_output_cannot_take_is_otypes_error(manager):
+    """The caller passed otype, not the output: the error names otype and
+    the output's dtypes (an FP8 otype: the quantizer makes FP8 outputs)."""
+    x, w = torch.randn(4, 32), torch.ones(32)
+    with pytest.raises(ValueError, match=r"^rmsnorm_fwd: argument 'otype' expects one of float32, float16, "
+                                         r"bfloat16, got int32$"):
+        tefl.rmsnorm_fwd(x, w, 1e-5, None, None, tefl.DType.kInt32, 0, False)
+    with pytest.raises(ValueError, match=r"^layernorm_fwd: argument 'otype' expects one of float32, float16, "
+                                         r"bfloat16, got float8_e4m3fn \(an FP8 output comes from a Float8Quantizer "
+                                         r"passed as 'quantizer'\)$"):
+        tefl.layernorm_fwd(x, w, torch.zeros(32), 1e-5, None, None, tefl.DType.kFloat8E4M3, 0, False)
+    # with a quantizer, otype is the FP8 tensor's nominal dtype (as in TE) and not checked against the codes
+    q = tefl.Float8Quantizer(torch.ones(1), torch.zeros(1), tefl.DType.kFloat8E4M3)
+    assert isinstance(tefl.rmsnorm_fwd(x, w, 1e-5, None, q, tefl.DType.kBFloat16, 0, False)[0], tefl.Float8Tensor)
+
+
 def test_dropout_default_generator(manager):
     if "dropout_fwd" not in tefl.ops() or not manager.registry.get_implementations("dropout_fwd"):
         pytest.skip("no dropout_fwd implementation in this build")
