@@ -209,6 +209,9 @@ def generic_gemm(A, transA, B, transB, D=None, quantizer=None, output_dtype=None
         except (ValueError, TypeError, KeyError):
             raise ValueError(f"generic_gemm: argument 'output_dtype' expects a tefl.DType, a torch/numpy dtype or a "
                              f"dtype name, got {output_dtype!r}") from None
+    if D is not None and quantizer is None and out_name is not None and dtype_name(D.dtype) != out_name:
+        raise ValueError(f"generic_gemm: argument 'output_dtype' is {out_name} but D holds {dtype_name(D.dtype)}: "
+                         f"pass a D of {out_name}, or output_dtype=None to take D's dtype")
     if D is None:
         default = dtype_name(a.dtype)
         if default.startswith("float8"):
@@ -298,6 +301,20 @@ def _param(p, *names, default=None):
     return default
 
 
+# The fields a dict of attention parameters may have: TE's AttentionParams
+# (TE 2.x) and tefl's own names; any other key is a misspelling, refused
+# rather than silently ignored (which would answer for a different call).
+_ATTENTION_PARAM_FIELDS = frozenset({
+    "qkv_type", "qkv_dtype", "qkv_layout", "qkv_format", "batch_size", "num_heads", "num_gqa_groups",
+    "max_seqlen_q", "max_seqlen_kv", "head_dim_qk", "head_dim_v", "attn_mask_type", "window_size",
+    "alibi_slopes_shape", "core_attention_bias_type", "core_attention_bias_shape",
+    "core_attention_bias_requires_grad", "pad_between_seqs", "attention_dropout", "context_parallel",
+    "cp_comm_type", "deterministic", "is_training", "fp8", "fp8_meta", "inference_params", "softmax_type",
+    "return_max_logit",
+    # tefl's names
+    "dtype", "batch", "seqlen_q", "seqlen_kv", "num_heads_q", "num_heads_kv", "mask_type", "dropout"})
+
+
 def attention_backend(attention_params=None, manager=None) -> Dict[str, Any]:
     """tefl's full answer for an attention call: the implementation that
     would serve it, the fallbacks, and every candidate with its rejection
@@ -312,6 +329,11 @@ def attention_backend(attention_params=None, manager=None) -> Dict[str, Any]:
     if isinstance(p, (bool, int, float, str, bytes, list, tuple)):
         raise TypeError(f"attention_backend: attention_params must be TE's AttentionParams, a dict of its fields "
                         f"or None, got {type(p).__name__}")
+    if isinstance(p, dict):
+        unknown = sorted(str(k) for k in p if k not in _ATTENTION_PARAM_FIELDS)
+        if unknown:
+            raise TypeError(f"attention_backend: attention_params has no field(s) {', '.join(map(repr, unknown))} "
+                            f"(known: {', '.join(sorted(_ATTENTION_PARAM_FIELDS))})")
     dtype = _param(p, "qkv_dtype", "dtype")
     window = _window_pair(_param(p, "window_size", default=None), (-1, -1),
                           "attention_backend: attention_params.window_size")

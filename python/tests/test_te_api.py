@@ -111,6 +111,14 @@ def test_accumulate_adds_into_d_and_bf16_output_dtype():
     y, *_ = tefl.generic_gemm(w.bfloat16(), True, x.bfloat16(), False, output_dtype=tefl.DType.kFloat32)
     assert y.dtype == torch.float32
     close(y, x.bfloat16().float() @ w.bfloat16().float().T, 1e-3)
+    # a D whose dtype contradicts output_dtype is refused, not silently preferred; D untouched
+    with pytest.raises(ValueError, match=r"^generic_gemm: argument 'output_dtype' is bfloat16 but D holds float32: "
+                                         r"pass a D of bfloat16, or output_dtype=None to take D's dtype$"):
+        tefl.generic_gemm(w, True, x, False, d, None, tefl.DType.kBFloat16)
+    close(d, x @ w.T + 1)
+    out, *_ = tefl.generic_gemm(w, True, x, False, d, None, tefl.DType.kFloat32)  # agreeing: fine
+    assert out is d
+    close(d, x @ w.T)
 
 
 def test_row_major_op_and_te_call_agree():
@@ -266,6 +274,11 @@ def test_attention_parameter_errors_name_the_function_and_field():
         tefl.attention_backend({"attn_mask_type": "bogus"})
     with pytest.raises(ValueError, match="attention_backend: attention_params.qkv_format: unknown qkv layout 'xyz'"):
         tefl.attention_backend({"qkv_format": "xyz"})
+    # a misspelled field answered for the call without it ("available" for an ALiBi-biased call)
+    with pytest.raises(TypeError, match=r"^attention_backend: attention_params has no field\(s\) "
+                                        r"'core_attention_bais_type' \(known: .*'?core_attention_bias_type"):
+        tefl.get_attention_backend({"core_attention_bais_type": "alibi"})
+    assert not tefl.get_attention_backend({"core_attention_bias_type": "alibi"})[0]
     q = torch.randn(4, 1, 2, 8)
     with pytest.raises(ValueError, match="FlashAttention: attn_mask_type: unknown mask type 'diagonal'"):
         tefl.FlashAttention(0.35)(q, q, q, qkv_layout="sbhd_sbhd_sbhd", attn_mask_type="diagonal")
