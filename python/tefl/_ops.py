@@ -271,10 +271,17 @@ class OpSignature:
             if rule is not None and len(rule) == 4:
                 cond = rule[3]
                 rule = rule[:3]
+            # The caller's tensor is checked before anything is allocated
+            # (tefl's own outputs never require grad, and cost nothing here).
+            param = out_param.get(n) or "out"
+            grad_check = (f"if _o{k} is not None and getattr(_o{k}, 'requires_grad', False): "
+                          f"_grad_out({self.name!r}, {param!r}, {n!r})")
             if optional and (rule is None or cond is None):
                 # An optional output is produced only when asked for (out=),
                 # or when its rule's condition holds (e.g. pre_gelu_out with gelu).
                 alloc_lines.append(f"_o{k} = {given if given is not None else 'None'}")
+                if given is not None:
+                    alloc_lines.append(grad_check)
                 continue
             if rule is None:
                 alloc = f"_need_out({self.name!r}, {n!r})"
@@ -302,15 +309,20 @@ class OpSignature:
                 alloc_lines.append(f"__qgiven = {given if given is not None else 'None'}")
             if cond is not None:
                 alloc_lines.append(f"_o{k} = {given if given is not None else 'None'}")
+                if given is not None:
+                    alloc_lines.append(grad_check)
                 alloc_lines.append(f"if _o{k} is None and ({cond}): _o{k} = {alloc}")
             elif given is None:
                 alloc_lines.append(f"_o{k} = {alloc}")
             elif k == main_out:  # a Float8Tensor given: _quantized writes it; allocate the plain output only if asked
                 alloc_lines.append(f"_o{k} = __qgiven")
+                alloc_lines.append(grad_check)
                 alloc_lines.append(f"if _o{k} is None or {quant[0]} is not None: _o{k} = {alloc}")
             else:
                 alloc_lines.append(f"_o{k} = {given}")
                 alloc_lines.append(f"if _o{k} is None: _o{k} = {alloc}")
+                alloc_lines.append(f"elif getattr(_o{k}, 'requires_grad', False): "
+                                   f"_grad_out({self.name!r}, {param!r}, {n!r})")
         # Allocation reads the inputs' shapes: a non-tensor argument fails
         # there, before libtefl's validation; say which one (no cost when
         # nothing is raised).
@@ -582,6 +594,20 @@ def _in_python_names(error, names):
     error.args = (text.replace("got NULL", "got None"),) + error.args[1:]
 
 
+def _grad_out(op, param, name):
+    """A caller's output that requires grad: refused while grad mode is on.
+    tefl's write is not recorded by autograd (torch itself refuses in-place
+    writes to a leaf that requires grad; a non-leaf's graph would silently
+    hold the old value); under torch.no_grad() it is written, as torch
+    writes such leaves there (optimizer steps)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.is_grad_enabled():
+        which = f"argument '{param}'" if param != "out" else f"argument 'out' (output '{name}')"
+        raise ValueError(f"{op}: {which}: a tensor that requires grad cannot be written "
+                         f"while grad mode is on (autograd does not record tefl's write); pass one without "
+                         f"requires_grad, let tefl allocate the output, or write under torch.no_grad()")
+
+
 def _need_out(op, name):
     raise ValueError(f"{op}: the shape of output '{name}' cannot be inferred from the schema "
                      f"('{BY_NAME[op]['outputs'][[o['name'] for o in BY_NAME[op]['outputs']].index(name)]['shape']}'); "
@@ -761,6 +787,7 @@ _HELPERS = {
     "_pick": _pick,
     "_pick_one": _pick_one,
     "_need_out": _need_out,
+    "_grad_out": _grad_out,
     "_no_quantizer": _no_quantizer,
     "_quantized": _quantized,
     "_alloc_error": _alloc_error,

@@ -373,6 +373,24 @@ def test_an_output_given_twice_must_be_one_tensor():
     assert y is a and rs is r
 
 
+def test_an_output_that_requires_grad_is_written_only_without_grad_mode():
+    """tefl's writes are not recorded by autograd: a caller's output that
+    requires grad is refused in grad mode (torch refuses in-place writes to
+    such a leaf), before anything is written; under no_grad it is written."""
+    x = torch.randn(4, 16)
+    o = torch.zeros(4, 16, requires_grad=True)
+    with pytest.raises(ValueError, match=r"^gelu: argument 'out' \(output 'output'\): a tensor that requires grad "
+                                         r"cannot be written while grad mode is on"):
+        tefl.gelu(x, None, out=o)
+    assert torch.count_nonzero(o) == 0
+    h = torch.zeros(4, 16, requires_grad=True) * 1  # a non-leaf: its graph would keep the zeros
+    with pytest.raises(ValueError, match=r"^rmsnorm_fwd: argument 'ln_out': a tensor that requires grad"):
+        tefl.rmsnorm_fwd(x, torch.ones(16), 1e-5, h, None, None, 0, False)
+    with torch.no_grad():
+        tefl.gelu(x, None, out=o)
+    torch.testing.assert_close(o.detach(), torch.nn.functional.gelu(x, approximate="tanh"))
+
+
 def test_a_tensor_without_data_is_refused_naming_the_op_and_argument():
     with pytest.raises(ValueError, match=r"gelu: argument 'input' \(input 0\): cannot read this torch.Tensor on "
                                          r"device 'meta' through DLPack: [^\n]*meta[^\n]*$"):
