@@ -345,10 +345,11 @@ class OpSignature:
                     f"__call(__ref, __id, {I}, {O}, {A})")
         rets = [f"_o{k}" if k is not None else "None" for k in self.returns]
         body.append("return " + (rets[0] if len(rets) == 1 else tup(rets)))
+        # libtefl's messages use the schema's names and C's NULL; say the
+        # caller's names and None (a try costs nothing unless raised)
         names = self.python_names()
-        if names:  # messages use the schema's names; say the caller's (a try costs nothing unless raised)
-            body = (["try:"] + ["    " + line for line in body] +
-                    ["except (ValueError, TypeError) as __e:", f"    _in_python_names(__e, {names!r})", "    raise"])
+        body = (["try:"] + ["    " + line for line in body] +
+                ["except (ValueError, TypeError) as __e:", f"    _in_python_names(__e, {names!r})", "    raise"])
         fn = self.name
         src = ["def __make(__call, __id, __ref, __pget):",
                f"    def {fn}({', '.join(sig)}):"]

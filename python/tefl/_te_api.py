@@ -490,12 +490,72 @@ class FlashAttention:
                      softmax_type=_enum_value(softmax_type, _SOFTMAX, "softmax type", "FlashAttention: softmax_type"),
                      scale=self.softmax_scale,
                      dropout=self.attention_dropout if self.training else 0.0, is_training=bool(self.training))
+        if attention_mask is not None:
+            cu_seqlens_q, cu_seqlens_kv = _cu_seqlens_of_mask(attention_mask, query_layer, key_layer, fmt, mask,
+                                                              cu_seqlens_q, cu_seqlens_kv)
         if attrs["dropout"] > 0:
             torch = sys.modules.get("torch")
             attrs["seed"] = int(torch.empty((), dtype=torch.int64).random_().item()) if torch else 0
             attrs["offset"] = 0
         o = _attention(query_layer, key_layer, value_layer, cu_seqlens_q, cu_seqlens_kv, softmax_offset, attrs)
         return o.reshape(*o.shape[:-2], o.shape[-2] * o.shape[-1])
+
+
+def _lengths_of_padding_mask(m, b, s, what):
+    """Per-sequence lengths [b] (int64) of TE's padding mask ([b, 1, 1, s]
+    bool, True = padding), which must pad after the valid tokens."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(m, torch.Tensor):
+        raise TypeError(f"FlashAttention: {what} expects a torch.Tensor, got {type(m).__name__}")
+    if m.dtype != torch.bool:
+        raise TypeError(f"FlashAttention: {what} expects a bool mask (True = padding), got {m.dtype}")
+    if m.dim() != 4 or tuple(m.shape) != (b, 1, 1, s):
+        raise ValueError(f"FlashAttention: {what} expects shape [{b}, 1, 1, {s}] ([batch, 1, 1, seqlen]), "
+                         f"got {list(m.shape)}")
+    valid = ~m.reshape(b, s).cpu()
+    lengths = valid.sum(dim=1)
+    right_padded = torch.arange(s).unsqueeze(0) < lengths.unsqueeze(1)
+    if not torch.equal(valid, right_padded):
+        rows = [int(r) for r in (valid != right_padded).any(dim=1).nonzero().flatten()[:4]]
+        raise ValueError(f"FlashAttention: {what} has padding before valid tokens (batch rows {rows}); tefl's "
+                         f"attention takes a padding mask as sequence lengths (valid tokens first): pad at the "
+                         f"end, or pass the sequences packed with cu_seqlens_q/_kv in thd format")
+    return lengths
+
+
+def _cu_seqlens_of_mask(attention_mask, q, k, fmt, mask, cu_q, cu_kv):
+    """cu_seqlens_q/_kv from TE's padding mask (a [b, 1, 1, s] bool tensor,
+    or a pair (q's, kv's)), as TE's FlashAttention derives them; given
+    cu_seqlens must agree. Only a padding mask type in sbhd/bshd reads it."""
+    if mask not in (1, 3, 5) or fmt == 2:
+        names = {v: n for n, v in _MASKS.items()}
+        raise ValueError(f"FlashAttention: attention_mask is read only with a padding mask type in sbhd or bshd "
+                         f"(it gives the sequence lengths), got attn_mask_type '{names.get(mask, mask)}' in "
+                         f"{'thd' if fmt == 2 else 'sbhd' if fmt == 0 else 'bshd'}: pass attention_mask=None")
+    torch = sys.modules["torch"]
+    b, sq, skv = (q.shape[1], q.shape[0], k.shape[0]) if fmt == 0 else (q.shape[0], q.shape[1], k.shape[1])
+    if isinstance(attention_mask, (tuple, list)):
+        if len(attention_mask) != 2:
+            raise ValueError(f"FlashAttention: attention_mask expects a mask or a pair (q's, kv's), got "
+                             f"{len(attention_mask)} entries")
+        m_q, m_kv, names = attention_mask[0], attention_mask[1], ("attention_mask[0]", "attention_mask[1]")
+    else:
+        if sq != skv:
+            raise ValueError(f"FlashAttention: one attention_mask for queries ({sq}) and keys ({skv}) of different "
+                             f"lengths: pass a pair (q's mask, kv's mask)")
+        m_q = m_kv = attention_mask
+        names = ("attention_mask", "attention_mask")
+    out = []
+    for m, s, name, given, given_name in ((m_q, sq, names[0], cu_q, "cu_seqlens_q"),
+                                          (m_kv, skv, names[1], cu_kv, "cu_seqlens_kv")):
+        lengths = _lengths_of_padding_mask(m, b, s, name)
+        cu = torch.zeros(b + 1, dtype=torch.int32)
+        cu[1:] = lengths.cumsum(0)
+        if given is not None and not torch.equal(torch.as_tensor(given).cpu().to(torch.int32), cu):
+            raise ValueError(f"FlashAttention: {given_name} {torch.as_tensor(given).tolist()} disagrees with "
+                             f"{name} (lengths {lengths.tolist()}): pass one of them")
+        out.append(cu if given is None else given)
+    return out[0], out[1]
 
 
 def _attention(q, k, v, cu_q, cu_kv, alpha, attrs):

@@ -342,3 +342,42 @@ def test_float8_quantizer_dtype_is_checked_when_made():
         tefl.Float8Quantizer(torch.ones(1), torch.zeros(1), dtype=torch.bfloat16)
     assert tefl.Float8Quantizer(torch.ones(1), torch.zeros(1), dtype=torch.float8_e5m2).dtype == torch.float8_e5m2
     assert tefl.Float8Quantizer(torch.ones(1), torch.zeros(1)).dtype == tefl.DType.kFloat8E4M3
+
+
+def test_flash_attention_reads_a_padding_mask_as_sequence_lengths():
+    """TE's FlashAttention derives cu_seqlens from attention_mask ([b, 1, 1, s]
+    bool, True = padding); tefl's required cu_seqlens and never read the mask."""
+    g = torch.Generator().manual_seed(5)
+    fa = tefl.FlashAttention(None)
+    q, k, v = (torch.randn(2, 5, 2, 8, generator=g) for _ in range(3))
+    am = torch.zeros(2, 1, 1, 5, dtype=torch.bool)
+    am[1, ..., 3:] = True  # batch row 1: 3 tokens, then padding
+    o = fa(q, k, v, am, "bshd_bshd_bshd", None, None, 5, 5, "padding", None)
+    cu = torch.tensor([0, 5, 8], dtype=torch.int32)
+    assert torch.equal(o, fa(q, k, v, None, "bshd_bshd_bshd", cu, cu, 5, 5, "padding", None))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    for row, n in ((0, 5), (1, 3)):
+        ref = sdpa(*(t[row:row + 1, :n].transpose(1, 2) for t in (q, k, v))).transpose(1, 2).reshape(n, 16)
+        close(o[row, :n], ref, 1e-5)
+    assert torch.count_nonzero(o[1, 3:]) == 0
+    # sbhd, and a pair of masks for queries and keys of different lengths
+    kv_mask = torch.zeros(2, 1, 1, 4, dtype=torch.bool)
+    kv_mask[0, ..., 2:] = True
+    o2 = fa(q.transpose(0, 1), k[:, :4].transpose(0, 1), v[:, :4].transpose(0, 1), (am, kv_mask), "sbhd_sbhd_sbhd",
+            attn_mask_type="padding")
+    cu_kv = torch.tensor([0, 2, 6], dtype=torch.int32)
+    assert torch.equal(o2, fa(q.transpose(0, 1), k[:, :4].transpose(0, 1), v[:, :4].transpose(0, 1), None,
+                              "sbhd_sbhd_sbhd", cu, cu_kv, attn_mask_type="padding"))
+    # what it cannot read is refused
+    left = am.flip(-1)
+    with pytest.raises(ValueError, match=r"attention_mask has padding before valid tokens \(batch rows \[1\]\)"):
+        fa(q, k, v, left, "bshd_bshd_bshd", attn_mask_type="padding")
+    with pytest.raises(TypeError, match=r"attention_mask expects a bool mask \(True = padding\), got torch.int64"):
+        fa(q, k, v, am.long(), "bshd_bshd_bshd", attn_mask_type="padding")
+    with pytest.raises(ValueError, match=r"attention_mask expects shape \[2, 1, 1, 5\]"):
+        fa(q, k, v, am[:, 0], "bshd_bshd_bshd", attn_mask_type="padding")
+    with pytest.raises(ValueError, match=r"attention_mask is read only with a padding mask type .* got "
+                                         r"attn_mask_type 'causal' in bshd"):
+        fa(q, k, v, am, "bshd_bshd_bshd", attn_mask_type="causal")
+    with pytest.raises(ValueError, match=r"cu_seqlens_q \[0, 5, 10\] disagrees with attention_mask"):
+        fa(q, k, v, am, "bshd_bshd_bshd", torch.tensor([0, 5, 10], dtype=torch.int32), attn_mask_type="padding")
