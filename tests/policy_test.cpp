@@ -56,6 +56,9 @@ const Case kCases[] = {
      {},
      {"TE_FL_PREFER='gpu'"}},
     {"legacy_bad", {{"TE_FL_PREFER_VENDOR", "maybe"}}, "flagos", false, {}, std::nullopt, {}, {"TE_FL_PREFER_VENDOR"}},
+    // TE_FL_SKIP_CUDA changes nothing yet (no CUDA backend), but is read like the other switches.
+    {"skip_cuda_1", {{"TE_FL_SKIP_CUDA", "1"}}, "flagos", false, {}, std::nullopt, {}, {}},
+    {"skip_cuda_bad", {{"TE_FL_SKIP_CUDA", "banana"}}, "flagos", false, {}, std::nullopt, {}, {"TE_FL_SKIP_CUDA='banana'"}},
     // TE-FL's documented meaning (its code inverted it): 1 = strict, default 0.
     {"strict_1", {{"TE_FL_STRICT", "1"}}, "flagos", true, {}, std::nullopt, {}, {}},
     {"strict_true_mixed_case", {{"TE_FL_STRICT", "TRUE"}}, "flagos", true, {}, std::nullopt, {}, {}},

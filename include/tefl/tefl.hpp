@@ -331,6 +331,10 @@ Status LoadPlugin(std::string_view name_or_path, OpRegistry& registry);
 // TE_FL_PLUGIN_MODULES, then every *.so in the installed plugin directory.
 // OpManager::EnsureInitialized calls it once per registry.
 void LoadConfiguredPlugins(OpRegistry& registry);
+// The directories a plugin name is looked up in: TE_FL_PLUGIN_PATH's
+// entries (a relative one is ignored with a WARNING), then
+// InstalledPluginDir(). Read anew on each call.
+std::vector<std::string> PluginSearchDirs();
 // Every plugin this process tried, in order.
 std::vector<PluginReport> PluginReports();
 // Where installed plugins are discovered: tefl/plugins in the directory of

@@ -389,6 +389,7 @@ NB_MODULE(_core, m) {
       .def(
           "load_installed_plugins",
           [](PyRegistry& self) {
+            (void)PluginSearchDirs();  // says a malformed TE_FL_PLUGIN_PATH, as LoadConfiguredPlugins does
             const std::string dir = InstalledPluginDir();
             if (dir.empty()) return;
             std::vector<std::string> files;

@@ -111,6 +111,17 @@ def test_import_error_and_unknown_native_name(plugin_dir, monkeypatch, capfd):
     assert rec["no_such_plugin_xyz"]["error"]
 
 
+def test_a_relative_plugin_path_is_said_without_plugin_modules(plugin_dir, monkeypatch, capfd):
+    """TE_FL_PLUGIN_PATH was read only to look a named module up: a relative
+    entry went unsaid when TE_FL_PLUGIN_MODULES was unset."""
+    monkeypatch.delenv("TE_FL_PLUGIN_MODULES", raising=False)
+    monkeypatch.setenv("TE_FL_PLUGIN_PATH", "relative/dir")
+    capfd.readouterr()
+    fresh()
+    assert ("Ignoring TE_FL_PLUGIN_PATH entry 'relative/dir': plugin directories must be absolute"
+            in capfd.readouterr().err)
+
+
 def test_entry_point_plugin(plugin_dir, monkeypatch):
     write_module(plugin_dir, "plug_ep", REGISTER.format(v="ep"))
     write_module(plugin_dir, "plug_ep_fn", """

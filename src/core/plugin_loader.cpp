@@ -300,6 +300,8 @@ std::string InstalledPluginDir() {
 #endif
 }
 
+std::vector<std::string> PluginSearchDirs() { return SearchDirs(); }
+
 Status LoadPlugin(std::string_view name_or_path, OpRegistry& registry) {
   std::lock_guard<std::mutex> lock(g_plugins_mu);
   PluginReport r = LoadOne(Trim(name_or_path), registry, SearchDirs());

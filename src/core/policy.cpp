@@ -179,6 +179,10 @@ SelectionPolicy SelectionPolicy::FromEnv(std::vector<std::string>* warnings, con
       warn(std::string("Ignoring TE_FL_STRICT='") + v + "': expected 1, true, yes, on or 0, false, no, off");
     }
   }
+  // TE-FL's switch for its CUDA backend: tefl has none yet, so a valid value
+  // changes nothing, but a malformed one is said like any other.
+  if (const char* v = get("TE_FL_SKIP_CUDA"); v && !Trim(v).empty() && !ParseBool(v))
+    warn(std::string("Ignoring TE_FL_SKIP_CUDA='") + v + "': expected 1, true, yes, on or 0, false, no, off");
   if (const char* v = get("TE_FL_DENY_VENDORS"); v && !Trim(v).empty()) {
     auto deny = ParseVendorList(v);
     if (deny.empty()) {  // separators only, e.g. ' , ': as ALLOW, said rather than silent
