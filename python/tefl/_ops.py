@@ -132,7 +132,9 @@ def _te_for(schema) -> Optional[Tuple[list, Optional[list]]]:
     if family == "softmax":
         # scaled_softmax_forward(input, scale); the others take scale_factor.
         scale_name = "scale" if name == "scaled_softmax_forward" else "scale_factor"
-        return [IN(n) for n in ins] + [AT(scale_name if a == "scale" else a, a) for a in attrs], None
+        # the backward's first argument is TE-FL's output_grad (the schema's output_grads)
+        return ([IN("output_grad", n) if n == "output_grads" else IN(n) for n in ins] +
+                [AT(scale_name if a == "scale" else a, a) for a in attrs]), None
     return None
 
 

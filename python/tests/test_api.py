@@ -338,6 +338,10 @@ def test_ops_are_package_functions_with_te_signatures():
                           "zero_centered_gamma"]
     params = list(inspect.signature(tefl.layernorm_bwd).parameters)
     assert params[:7] == ["dz", "x", "mu", "rsigma", "gamma", "sm_margin", "zero_centered_gamma"]
+    for op in ("scaled_softmax_backward", "scaled_masked_softmax_backward",
+               "scaled_upper_triang_masked_softmax_backward", "scaled_aligned_causal_masked_softmax_backward"):
+        assert list(inspect.signature(getattr(tefl, op)).parameters)[:3] == [  # python-api.md's names
+            "output_grad", "softmax_results", "scale_factor"], op
     assert set(tefl.ops()) <= set(dir(tefl))
     with pytest.raises(AttributeError):
         tefl.no_such_op
