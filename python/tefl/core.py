@@ -486,7 +486,9 @@ def discover_from_env_modules(registry: Optional[OpRegistry] = None) -> int:
         spec = None
         if not _is_native(entry):
             try:
-                spec = importlib.util.find_spec(entry)
+                # a module already in sys.modules (also one made at run time,
+                # whose __spec__ is None) is Python, whatever find_spec says
+                spec = True if entry in sys.modules else importlib.util.find_spec(entry)
             except (ImportError, ValueError):
                 spec = None
         if spec is None:

@@ -1,5 +1,6 @@
 """Plugins: TE_FL_PLUGIN_MODULES (Python modules, native names), the
 te_fl.plugin entry-point group, transactional registration."""
+import sys
 import textwrap
 
 import pytest
@@ -65,6 +66,25 @@ def test_env_module_plugin(plugin_dir, monkeypatch, capfd):
         ("plug_env_a", "env", True)]
     tefl.clear_discovered_plugin()
     assert tefl.get_discovered_plugin() == []
+
+
+def test_a_module_made_at_run_time_is_a_python_plugin(plugin_dir, monkeypatch):
+    """A module only in sys.modules (no __spec__: find_spec raises) was taken
+    for a native plugin name and reported missing from the plugin directories."""
+    import types
+
+    mod = types.ModuleType("plug_runtime_made")
+
+    def register(registry):
+        registry.register_impl(tefl.OpImpl("rmsnorm_fwd", "vendor.rt", "vendor", lambda *a, **k: None, vendor="rt"))
+
+    mod.register = register
+    monkeypatch.setitem(sys.modules, "plug_runtime_made", mod)
+    monkeypatch.setenv("TE_FL_PLUGIN_MODULES", "plug_runtime_made")
+    m = fresh()
+    assert "vendor.rt" in ids(m)
+    assert [(d["name"], d["source"], d["loaded"]) for d in tefl.get_discovered_plugin()] == [
+        ("plug_runtime_made", "env", True)]
 
 
 def test_te_fl_register_and_callable_module_attribute(plugin_dir, monkeypatch):
