@@ -22,7 +22,9 @@
 //             (prefetcht1, spread over the task's steps as AmxBody does).
 //             A packed (2 KiB per step, contiguous) or in place (rows of
 //             K = 1024 bf16, 2 KiB apart). For "stream" the first panel of
-//             a task and the others are timed apart (rdtsc).
+//             a task and the others are timed apart (rdtsc). "D streamed":
+//             also one 64-byte line of a 32 MiB D written per step by a
+//             non-temporal store, about AmxBody's rate for a bf16 D.
 //
 // Usage: amx_tile_micro [--zero] [--rounds N]
 // Prints one line per configuration: ns per tdpbf16ps (16 x 16 x 32
@@ -82,10 +84,12 @@ __attribute__((target("amx-tile"))) void ReleaseTiles() { _tile_release(); }
 // One call of the tile loop: sums (+)= A block . B panel over `steps` steps.
 // A's tiles at a and a + a_hi, rows a_ld bytes apart, a_step bytes per step;
 // pf_per_step lines from *pf are prefetched into L2 per step.
-__attribute__((target("amx-tile,amx-bf16"), noinline)) void TileLoop(const char* a, int64_t a_ld, int64_t a_hi,
-                                                                     int64_t a_step, const char* b, int64_t steps,
-                                                                     float* sums, bool first, const char** pf,
-                                                                     int64_t pf_per_step) {
+// d_per_step 64-byte lines are streamed (non-temporal stores) to *d, rows
+// kDRowBytes apart, as AmxBody writes a bf16 D.
+constexpr int64_t kDRowBytes = 8192, kDBytes = int64_t(32) << 20;  // D of 4096 x 4096 bf16
+__attribute__((target("amx-tile,amx-bf16,avx512f"), noinline)) void TileLoop(
+    const char* a, int64_t a_ld, int64_t a_hi, int64_t a_step, const char* b, int64_t steps, float* sums, bool first,
+    const char** pf, int64_t pf_per_step, char* d_base, int64_t* d_at, int64_t d_per_step) {
   asm volatile("" ::: "memory");
   if (first) {
     _tile_zero(0);
@@ -107,6 +111,11 @@ __attribute__((target("amx-tile,amx-bf16"), noinline)) void TileLoop(const char*
     a += a_step;
     b += kStepBytes;
     for (int64_t i = 0; i < pf_per_step; ++i, p += 64) _mm_prefetch(p, _MM_HINT_T1);
+    for (int64_t i = 0; i < d_per_step; ++i) {
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(d_base + *d_at), _mm512_setzero_si512());
+      *d_at += kDRowBytes;  // down a column of rows, then the next 64 bytes
+      if (*d_at >= kDBytes) *d_at = (*d_at + 64) % kDRowBytes;
+    }
     _tile_dpbf16ps(0, 4, 6);
     _tile_dpbf16ps(1, 4, 7);
     _tile_loadd(4, a, a_ld);
@@ -208,6 +217,8 @@ int main(int argc, char** argv) {
   constexpr int64_t kSupers = 64;  // "stream": 8 MiB of A
   Buffer a_big(size_t(kSupers) * kBlocks * kBlockBytes, zero, rng);
   Buffer b_group(size_t(kPanels) * kBlockBytes, zero, rng);
+  Buffer d(size_t(kDBytes), true, rng);  // written by the D stores only
+  int64_t d_at = 0;
   alignas(64) static float sums[kBlocks][32 * 32];
   ConfigureTiles();
 
@@ -220,7 +231,7 @@ int main(int argc, char** argv) {
       for (int64_t c = 0; c < calls; ++c) {
         const char* a = a_big.p + (c * chunk_bytes) % a_bytes;
         const char* b = b_group.p + (c * chunk_bytes) % b_bytes;
-        TileLoop(a, 64, 1024, kStepBytes, b, kChunk, sums[0], c == 0, &none, 0);
+        TileLoop(a, 64, 1024, kStepBytes, b, kChunk, sums[0], c == 0, &none, 0, nullptr, nullptr, 0);
       }
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       r.ns_per_tdp.push_back(s * 1e9 / (double(calls) * kChunk * 4));
@@ -234,8 +245,8 @@ int main(int argc, char** argv) {
     r.ns_per_tdp.push_back(s * 1e9 / (double(calls) * kSteps * 4));
   };
   // "task": supers = 1 (warm) or kSupers (stream); in_place: A rows 2 KiB apart.
-  auto task = [&](int64_t supers, bool in_place, bool prefetch) {
-    return [&, supers, in_place, prefetch](Result& r) {
+  auto task = [&](int64_t supers, bool in_place, bool prefetch, int64_t d_per_step = 0) {
+    return [&, supers, in_place, prefetch, d_per_step](Result& r) {
       const int64_t a_ld = in_place ? kSteps * 64 : 64, a_hi = in_place ? 16 * a_ld : 1024;
       const int64_t a_step = in_place ? 64 : kStepBytes, block_bytes = kBlockBytes;
       const int64_t calls_per_task = kPanels * (kSteps / kChunk) * kBlocks;
@@ -256,7 +267,7 @@ int main(int argc, char** argv) {
             for (int64_t j = 0; j < kBlocks; ++j) {
               const char* a = a_task + j * block_bytes + s0 * a_step;
               TileLoop(a, a_ld, a_hi, a_step, b_group.p + p * kBlockBytes + s0 * kStepBytes, kChunk, sums[j], s0 == 0,
-                       &pf, pf < pf_end ? pf_per_step : 0);
+                       &pf, pf < pf_end ? pf_per_step : 0, d.p, &d_at, d_per_step);
             }
           (p == 0 ? first : rest) += __rdtsc() - c0;
         }
@@ -284,6 +295,7 @@ int main(int argc, char** argv) {
   configs.push_back({"task stream, A packed, no prefetch", task(kSupers, false, false), true, {}});
   configs.push_back({"task stream, A in place, next A prefetched", task(kSupers, true, true), true, {}});
   configs.push_back({"task stream, A in place, no prefetch", task(kSupers, true, false), true, {}});
+  configs.push_back({"task stream, A in place, prefetched, D streamed", task(kSupers, true, true, 1), true, {}});
   for (auto& c : configs) {  // warm-up round, not counted
     Result scratch;
     c.run(scratch);
@@ -292,10 +304,10 @@ int main(int argc, char** argv) {
     for (auto& c : configs) c.run(c.result);
   ReleaseTiles();
   std::printf("amx_tile_micro: one thread, %s operands, median of %d rounds\n", zero ? "all-zero" : "random", rounds);
-  std::printf("%-46s %10s %9s %14s %14s\n", "configuration", "ns/tdp", "TFLOP/s", "first panel", "other panels");
+  std::printf("%-50s %10s %9s %14s %14s\n", "configuration", "ns/tdp", "TFLOP/s", "first panel", "other panels");
   for (const auto& c : configs) {
     const double ns = Median(c.result.ns_per_tdp);
-    std::printf("%-46s %10.2f %9.2f", c.name, ns, kFlopPerTdp / ns * 1e-3);
+    std::printf("%-50s %10.2f %9.2f", c.name, ns, kFlopPerTdp / ns * 1e-3);
     if (c.panels) std::printf(" %14.0f %14.0f", Median(c.result.first), Median(c.result.rest));
     std::printf("\n");
   }
