@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/device.h"
 #include "test_support.h"
 
 namespace tefl {
@@ -156,6 +157,49 @@ TEST_F(PluginTest, ErrorStatusRollsBackWhatItRegistered) {
   ExpectRejected(PluginPath("errorstatus"), "its register function failed: RUNTIME_ERROR: no device found");
   EXPECT_FALSE(registry_.GetImplementation("rmsnorm_fwd", "vendor.errorstatus").has_value());
   EXPECT_FALSE(registry_.GetImplementation("rmsnorm_fwd", "vendor.errorstatus_second").has_value());
+}
+
+TEST_F(PluginTest, DescriptorTooSmallNamesBothSizes) {
+  ExpectRejected(PluginPath("smalldesc"),
+                 "register_impl: descriptor struct_size 8 is smaller than 56 (through "
+                 "'kernel'); set it to TEFL_IMPL_DESC_STRUCT_SIZE (72)");
+  EXPECT_FALSE(registry_.GetImplementation("rmsnorm_fwd", "vendor.smalldesc").has_value());
+}
+
+TEST_F(PluginTest, IncompleteDeviceRuntimeIsRefusedNotCalled) {
+  // Accepted before, it made `tefl check` call through a NULL alloc. Now the
+  // plugin goes, with what it registered before the runtime.
+  ExpectRejected(PluginPath("incompleteruntime"),
+                 "register_device_runtime: runtime 'incomplete' (device_type 12) has no device_count (NULL): every "
+                 "function of the table is required");
+  EXPECT_FALSE(registry_.GetImplementation("rmsnorm_fwd", "vendor.incompleteruntime").has_value());
+  EXPECT_EQ(tefl::DeviceRuntime(kDLExtDev), nullptr);
+}
+
+TEST(DeviceRuntimeCheck, NamesWhatIsMissing) {
+  tefl_device_runtime rt = *tefl::DeviceRuntime(kDLCPU);  // complete: the CPU's
+  rt.device_type = kDLExtDev;
+  rt.name = "probe";
+  EXPECT_EQ(tefl::CheckDeviceRuntime(&rt), nullptr);
+  auto message = [](tefl_status* s) {
+    std::string m = s ? tefl_status_message(s) : "OK";
+    tefl_status_free(s);
+    return m;
+  };
+  tefl_device_runtime bad = rt;
+  bad.stream_sync = nullptr;
+  EXPECT_NE(message(tefl::CheckDeviceRuntime(&bad)).find("has no stream_sync (NULL)"), std::string::npos);
+  bad = rt;
+  bad.struct_size = TEFL_STRUCT_SIZE(tefl_device_runtime, name);
+  EXPECT_NE(message(tefl::CheckDeviceRuntime(&bad)).find("struct_size 24 is smaller than the ABI 1.0 table (80"),
+            std::string::npos);
+  bad = rt;
+  bad.name = "";
+  EXPECT_NE(message(tefl::CheckDeviceRuntime(&bad)).find("name is NULL or empty"), std::string::npos);
+  bad = rt;
+  bad.device_type = 64;
+  EXPECT_NE(message(tefl::CheckDeviceRuntime(&bad)).find("device_type 64 is out of range [0, 64)"), std::string::npos);
+  EXPECT_EQ(message(tefl::CheckDeviceRuntime(nullptr)), "register_device_runtime: runtime is NULL");
 }
 
 TEST_F(PluginTest, NotASharedLibrary) {

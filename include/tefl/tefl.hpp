@@ -84,6 +84,10 @@ struct OpImpl {
                              int32_t priority, KernelFunction fn);
   // Copies a C descriptor (fields beyond its struct_size take defaults).
   static OpImpl FromDesc(const tefl_impl_desc& desc, std::string origin = "c-api");
+  // OK when `desc` can be read (not NULL, struct_size through `kernel` at
+  // least: later fields of a smaller struct take their defaults); else an
+  // INVALID_ARGUMENT naming the size found and the one expected.
+  static Status CheckDesc(const tefl_impl_desc* desc);
 };
 
 // ---- Selection policy -------------------------------------------------------

@@ -24,12 +24,38 @@ const tefl_device_runtime* DeviceRuntime(int32_t device_type) {
   return r ? &r->table : nullptr;
 }
 
+tefl_status* CheckDeviceRuntime(const tefl_device_runtime* runtime) {
+  auto error = [](const std::string& what) {
+    return tefl_status_new(TEFL_INVALID_ARGUMENT, ("register_device_runtime: " + what).c_str());
+  };
+  if (runtime == nullptr) return error("runtime is NULL");
+  if (runtime->struct_size < TEFL_DEVICE_RUNTIME_STRUCT_SIZE)
+    return error("struct_size " + std::to_string(runtime->struct_size) + " is smaller than the ABI 1.0 table (" +
+                 std::to_string(TEFL_DEVICE_RUNTIME_STRUCT_SIZE) +
+                 " bytes, TEFL_DEVICE_RUNTIME_STRUCT_SIZE): every function of it is required");
+  if (runtime->device_type < 0 || runtime->device_type >= kMaxDeviceTypes)
+    return error("device_type " + std::to_string(runtime->device_type) + " is out of range [0, " +
+                 std::to_string(kMaxDeviceTypes) + ")");
+  if (runtime->name == nullptr || runtime->name[0] == '\0') return error("name is NULL or empty");
+  const std::string who =
+      std::string("runtime '") + runtime->name + "' (device_type " + std::to_string(runtime->device_type) + ")";
+  const struct {
+    bool present;
+    const char* field;
+  } fns[] = {{runtime->device_count != nullptr, "device_count"},
+             {runtime->alloc != nullptr, "alloc"},
+             {runtime->free != nullptr, "free"},
+             {runtime->copy_to_device != nullptr, "copy_to_device"},
+             {runtime->copy_to_host != nullptr, "copy_to_host"},
+             {runtime->stream_sync != nullptr, "stream_sync"}};
+  for (const auto& f : fns)
+    if (!f.present) return error(who + " has no " + f.field + " (NULL): every function of the table is required");
+  return nullptr;
+}
+
 tefl_status* RegisterDeviceRuntime(const tefl_device_runtime* runtime) {
-  if (runtime == nullptr || runtime->struct_size < offsetof(tefl_device_runtime, name) + sizeof(char*))
-    return tefl_status_new(TEFL_INVALID_ARGUMENT, "device runtime: struct too small");
+  if (tefl_status* e = CheckDeviceRuntime(runtime)) return e;
   const int32_t type = runtime->device_type;
-  if (type < 0 || type >= kMaxDeviceTypes)
-    return tefl_status_new(TEFL_INVALID_ARGUMENT, "device runtime: device_type out of range");
   std::lock_guard<std::mutex> lock(g_mu);
   if (const RuntimeRecord* existing = g_runtimes[type].load()) {
     const char* name = runtime->name ? runtime->name : "";

@@ -11,8 +11,13 @@ constexpr int kMaxDeviceTypes = 64;  // device_mask has 64 bits
 
 // The runtime for a device type, or NULL. Lock-free read.
 const tefl_device_runtime* DeviceRuntime(int32_t device_type);
-// Copies the table (struct_size may be smaller: missing functions are NULL).
-// Errors: type out of range, already registered with another name.
+// NULL when `runtime` is a complete table (ABI 1.0's struct_size at least,
+// device_type in range, a name, every function set); else the error, which
+// names the field.
+tefl_status* CheckDeviceRuntime(const tefl_device_runtime* runtime);
+// Copies the table (CheckDeviceRuntime first). Registering the same name
+// for a type again is a no-op; another name for a registered type is
+// ALREADY_EXISTS.
 tefl_status* RegisterDeviceRuntime(const tefl_device_runtime* runtime);
 // Registers the CPU runtime (idempotent).
 void RegisterCpuRuntime();

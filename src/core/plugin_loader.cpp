@@ -99,9 +99,9 @@ struct Staging {
 
 tefl_status* StageImpl(void* ctx, const tefl_impl_desc* desc) {
   auto* s = static_cast<Staging*>(ctx);
-  if (desc == nullptr || desc->struct_size < TEFL_STRUCT_SIZE(tefl_impl_desc, kernel)) {
-    if (s->error.empty()) s->error = "register_impl: descriptor NULL or struct_size too small";
-    return tefl_status_new(TEFL_INVALID_ARGUMENT, "register_impl: descriptor NULL or struct_size too small");
+  if (Status st = OpImpl::CheckDesc(desc); !st.ok()) {
+    if (s->error.empty()) s->error = st.message();
+    return st.ToC();
   }
   OpImpl impl = OpImpl::FromDesc(*desc, s->origin);
   Status st = s->registry->CheckImpl(impl);
@@ -120,9 +120,9 @@ tefl_status* StageImpl(void* ctx, const tefl_impl_desc* desc) {
 
 tefl_status* StageRuntime(void* ctx, const tefl_device_runtime* runtime) {
   auto* s = static_cast<Staging*>(ctx);
-  if (runtime == nullptr || runtime->struct_size < TEFL_STRUCT_SIZE(tefl_device_runtime, name)) {
-    if (s->error.empty()) s->error = "register_device_runtime: runtime NULL or struct_size too small";
-    return tefl_status_new(TEFL_INVALID_ARGUMENT, "register_device_runtime: runtime NULL or struct_size too small");
+  if (tefl_status* e = CheckDeviceRuntime(runtime)) {  // a table tefl would call through NULL: refused now
+    if (s->error.empty()) s->error = tefl_status_message(e);
+    return e;
   }
   tefl_device_runtime copy{};
   std::memcpy(&copy, runtime, std::min<size_t>(runtime->struct_size, TEFL_DEVICE_RUNTIME_STRUCT_SIZE));

@@ -50,6 +50,17 @@ OpImpl OpImpl::FromFunction(std::string op_name, std::string impl_id, BackendImp
   return impl;
 }
 
+Status OpImpl::CheckDesc(const tefl_impl_desc* desc) {
+  if (desc == nullptr) return Status(TEFL_INVALID_ARGUMENT, "register_impl: the descriptor is NULL");
+  constexpr size_t kMin = TEFL_STRUCT_SIZE(tefl_impl_desc, kernel);
+  if (desc->struct_size < kMin)
+    return Status(TEFL_INVALID_ARGUMENT, "register_impl: descriptor struct_size " + std::to_string(desc->struct_size) +
+                                             " is smaller than " + std::to_string(kMin) +
+                                             " (through 'kernel'); set it to TEFL_IMPL_DESC_STRUCT_SIZE (" +
+                                             std::to_string(TEFL_IMPL_DESC_STRUCT_SIZE) + ")");
+  return Status::OK();
+}
+
 OpImpl OpImpl::FromDesc(const tefl_impl_desc& desc, std::string origin) {
   // Fields beyond a smaller struct_size keep their defaults.
   tefl_impl_desc d = {};
@@ -213,8 +224,7 @@ void OpRegistry::Clear() {
 
 namespace {
 tefl_status* RegistrarRegisterImpl(void* ctx, const tefl_impl_desc* desc) {
-  if (desc == nullptr || desc->struct_size < offsetof(tefl_impl_desc, kernel) + sizeof(tefl_kernel_fn))
-    return tefl_status_new(TEFL_INVALID_ARGUMENT, "register_impl: descriptor NULL or struct_size too small");
+  if (Status st = OpImpl::CheckDesc(desc); !st.ok()) return st.ToC();
   return static_cast<OpRegistry*>(ctx)->RegisterImpl(OpImpl::FromDesc(*desc)).ToC();
 }
 tefl_status* RegistrarRegisterRuntime(void*, const tefl_device_runtime* runtime) {

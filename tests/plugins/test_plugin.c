@@ -91,8 +91,20 @@ EXPORT tefl_status* tefl_plugin_register(const tefl_host_services* host, const t
                          RmsNorm,
                          Fp32Only,
                          NULL};
+#ifdef SMALL_DESC
+  desc.struct_size = 8; /* a descriptor tefl cannot read: refused with both sizes named */
+#endif
   tefl_status* s = registrar->register_impl(registrar->ctx, &desc);
   if (s != NULL) return s;
+#ifdef INCOMPLETE_RUNTIME
+  {
+    /* a device runtime without its functions: refused at registration, never called through NULL */
+    tefl_device_runtime rt = {TEFL_DEVICE_RUNTIME_STRUCT_SIZE, kDLExtDev, "incomplete", NULL, NULL, NULL, NULL, NULL,
+                              NULL, NULL};
+    s = registrar->register_device_runtime(registrar->ctx, &rt);
+    if (s != NULL) return s;
+  }
+#endif
 #ifdef SECOND_IMPL
   desc.impl_id = "vendor." PLUGIN_NAME "_second";
   s = registrar->register_impl(registrar->ctx, &desc);
