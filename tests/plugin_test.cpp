@@ -202,6 +202,22 @@ TEST(DeviceRuntimeCheck, NamesWhatIsMissing) {
   EXPECT_EQ(message(tefl::CheckDeviceRuntime(nullptr)), "register_device_runtime: runtime is NULL");
 }
 
+TEST_F(PluginTest, ARegistryAtADestroyedOnesAddressStillLoadsThePlugin) {
+  // "Already loaded" was keyed by the registry's address: a registry made
+  // where a destroyed one had been skipped the plugin, so the test below,
+  // after others, depended on where the allocator put its fixture.
+  alignas(OpRegistry) unsigned char storage[sizeof(OpRegistry)];
+  auto* first = new (storage) OpRegistry();
+  ASSERT_TRUE(LoadPlugin(PluginPath("testgood"), *first).ok());
+  ASSERT_TRUE(first->GetImplementation("rmsnorm_fwd", "vendor.testgood").has_value());
+  first->~OpRegistry();
+  auto* second = new (storage) OpRegistry();  // the same address
+  EXPECT_TRUE(LoadPlugin(PluginPath("testgood"), *second).ok());
+  EXPECT_TRUE(second->GetImplementation("rmsnorm_fwd", "vendor.testgood").has_value());
+  EXPECT_FALSE(PluginReports().back().already_loaded);
+  second->~OpRegistry();
+}
+
 TEST_F(PluginTest, NotASharedLibrary) {
   TempPluginDir tmp;
   const std::string path = (tmp.dir / "libtefl_plugin_text.so").string();
@@ -298,6 +314,30 @@ TEST_F(PluginTest, PluginModulesLoadAtInitialisation) {
       << ::testing::PrintToString(logs.Lines());
   EXPECT_EQ(fresh.GetImplementations("rmsnorm_fwd").size(), 3u);  // portable, reference, testgood once
   EXPECT_TRUE(PluginReports().back().already_loaded);
+}
+
+// A register function that dispatches an op (the guide forbids it) waited
+// forever on the initialisation that was loading it; now its call fails at
+// once and the plugin is rejected with that reason. In a child with an
+// alarm, so that a regression fails instead of hanging the suite.
+TEST_F(PluginTest, DispatchInsideRegisterFailsInsteadOfWaitingForItself) {
+  const pid_t pid = fork();
+  ASSERT_NE(pid, -1);
+  if (pid == 0) {
+    alarm(20);
+    setenv("TE_FL_PLUGIN_MODULES", PluginPath("callsinregister").c_str(), 1);
+    LogCapture logs(TEFL_LOG_INFO);
+    GetDefaultManager().EnsureInitialized();  // the plugin's tefl_call goes to this manager too
+    const bool ok = !GetDefaultRegistry().GetImplementation("rmsnorm_fwd", "vendor.callsinregister").has_value() &&
+                    logs.Count(
+                        "rejected: its register function failed: FAILED_PRECONDITION: rmsnorm_fwd: called "
+                        "from a plugin's tefl_plugin_register") == 1;
+    _exit(ok ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child hung (killed by signal " << WTERMSIG(status) << ")";
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 // After fork() the child dispatches through the plugin's kernel with nothing

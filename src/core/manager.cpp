@@ -512,6 +512,7 @@ Status OpManager::Call(int32_t op_id, std::span<const DLTensor* const> inputs, s
                        const void* attrs_in, void* stream) {
   const OpSchema* op = FindOp(op_id);
   if (op == nullptr) return Status(TEFL_NOT_FOUND, UnknownOpId(op_id));
+  if (InPluginRegister()) return PluginRegisterDispatchError(op->name);
   if (!rep_->initialized.load(std::memory_order_acquire)) EnsureInitialized();
 
   NormalizedCall call;
@@ -643,6 +644,10 @@ Resolution OpManager::Explain(int32_t op_id, std::span<const DLTensor* const> in
     res.error = UnknownOpId(op_id);
     return res;
   }
+  if (InPluginRegister()) {
+    res.error = PluginRegisterDispatchError(op->name).message();
+    return res;
+  }
   EnsureInitialized();
   res.op_name = op->name;
   const PolicyRecord* policy = EffectivePolicy();
@@ -730,6 +735,7 @@ Status OpManager::Prepare(int32_t op_id, std::span<const DLTensor* const> inputs
   const OpSchema* op = FindOp(op_id);
   if (op == nullptr) return Status(TEFL_NOT_FOUND, UnknownOpId(op_id));
   if (out == nullptr) return Status(TEFL_INVALID_ARGUMENT, fmt::format("{}: Prepare: out is NULL", op->name));
+  if (InPluginRegister()) return PluginRegisterDispatchError(op->name);
   if (!rep_->initialized.load(std::memory_order_acquire)) EnsureInitialized();
   NormalizedCall call;
   if (tefl_status* error = NormalizeCall(*op, inputs, outputs, attrs_in, &call)) return Status::FromC(error);

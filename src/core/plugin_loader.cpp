@@ -29,10 +29,12 @@ std::vector<PluginReport>& Reports() {
   static auto* reports = new std::vector<PluginReport>();  // process lifetime
   return *reports;
 }
-// (registry, real path) -> its report, for plugins already loaded: loading
-// one again is a no-op.
-std::map<std::pair<const OpRegistry*, std::string>, PluginReport>& Loaded() {
-  static auto* loaded = new std::map<std::pair<const OpRegistry*, std::string>, PluginReport>();
+// (registry id, real path) -> its report, for plugins already loaded:
+// loading one again is a no-op. Keyed by the registry's id, not its address,
+// which a registry made after another's destruction may reuse (the plugin
+// would then be skipped as "already loaded" into a registry that never had it).
+std::map<std::pair<uint64_t, std::string>, PluginReport>& Loaded() {
+  static auto* loaded = new std::map<std::pair<uint64_t, std::string>, PluginReport>();
   return *loaded;
 }
 
@@ -97,6 +99,8 @@ struct Staging {
   std::string error;  // first failed registration
 };
 
+thread_local bool t_in_plugin_register = false;
+
 tefl_status* StageImpl(void* ctx, const tefl_impl_desc* desc) {
   auto* s = static_cast<Staging*>(ctx);
   if (Status st = OpImpl::CheckDesc(desc); !st.ok()) {
@@ -146,7 +150,7 @@ void LoadFile(const std::string& path, OpRegistry& registry, PluginReport& repor
     report.error = "refused: " + why + (canonical == path ? "" : " (it resolves to " + canonical + ")");
     return;
   }
-  if (auto it = Loaded().find({&registry, canonical}); it != Loaded().end()) {
+  if (auto it = Loaded().find({registry.rep()->id, canonical}); it != Loaded().end()) {
     const std::string requested = report.requested;
     report = it->second;
     report.requested = requested;
@@ -194,11 +198,13 @@ void LoadFile(const std::string& path, OpRegistry& registry, PluginReport& repor
   Staging staging{&registry, path, {}, {}, {}, ""};
   const tefl_registrar registrar{TEFL_REGISTRAR_STRUCT_SIZE, &staging, StageImpl, StageRuntime};
   tefl_status* st = nullptr;
+  t_in_plugin_register = true;
   try {
     st = register_fn(tefl_host(), &registrar);
   } catch (...) {
     st = tefl_status_new(TEFL_INTERNAL, "the register function threw an exception");
   }
+  t_in_plugin_register = false;
   if (st != nullptr) {
     Status s = Status::FromC(st);
     return fail("its register function failed: " + s.ToString());
@@ -231,7 +237,7 @@ void LoadFile(const std::string& path, OpRegistry& registry, PluginReport& repor
   }
   report.loaded = true;
   report.implementations = int32_t(staging.impls.size());
-  Loaded()[{&registry, canonical}] = report;
+  Loaded()[{registry.rep()->id, canonical}] = report;
   // The handle stays open for the life of the process: kernels point into it.
 }
 
@@ -301,6 +307,16 @@ std::string InstalledPluginDir() {
 }
 
 std::vector<std::string> PluginSearchDirs() { return SearchDirs(); }
+
+bool InPluginRegister() { return t_in_plugin_register; }
+
+Status PluginRegisterDispatchError(std::string_view op_name) {
+  return Status(TEFL_FAILED_PRECONDITION,
+                fmt::format("{}: called from a plugin's tefl_plugin_register; a plugin registers its kernels there, "
+                            "and ops dispatch only once loading has finished (the manager's initialisation may be "
+                            "what is loading the plugin: the call would wait for itself)",
+                            op_name));
+}
 
 Status LoadPlugin(std::string_view name_or_path, OpRegistry& registry) {
   std::lock_guard<std::mutex> lock(g_plugins_mu);

@@ -2,6 +2,7 @@
 #include "core/registry.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <set>
 
@@ -132,6 +133,11 @@ void OpRegistry::Rep::AddLocked(const OpImpl& impl, int32_t op_id) {
 std::vector<const ImplRecord*> OpRegistry::Rep::ImplsOf(int32_t op_id) const {
   std::lock_guard<std::mutex> lock(mu);
   return by_op[size_t(op_id)];
+}
+
+uint64_t NextRegistryId() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
 }
 
 OpRegistry::OpRegistry() : rep_(std::make_unique<Rep>()) {}

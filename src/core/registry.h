@@ -7,6 +7,7 @@
 #include <array>
 #include <memory>
 #include <mutex>
+#include <string_view>
 #include <vector>
 
 #include "tefl/tefl.hpp"
@@ -18,7 +19,12 @@ struct ImplRecord {
   int32_t op_id;
 };
 
+// A number no other registry of this process has or had (a destroyed
+// registry's address is reused by the next one: never key state by it).
+uint64_t NextRegistryId();
+
 struct OpRegistry::Rep {
+  const uint64_t id = NextRegistryId();
   mutable std::mutex mu;
   std::array<std::vector<const ImplRecord*>, TEFL_OP_COUNT_> by_op;  // registration order
   std::vector<std::unique_ptr<ImplRecord>> records;                  // every record ever added
@@ -30,6 +36,13 @@ struct OpRegistry::Rep {
   void AddLocked(const OpImpl& impl, int32_t op_id);
   std::vector<const ImplRecord*> ImplsOf(int32_t op_id) const;
 };
+
+// True on a thread that is inside a plugin's tefl_plugin_register (the
+// loader sets it around the call): dispatching an op from there would wait
+// on the manager's initialisation that is loading the plugin.
+bool InPluginRegister();
+// The error every dispatch entry point returns there (FAILED_PRECONDITION).
+Status PluginRegisterDispatchError(std::string_view op_name);
 
 }  // namespace tefl
 

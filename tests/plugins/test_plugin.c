@@ -1,6 +1,11 @@
 /* A test plugin (some variants omit the entry that uses the kernels, hence
  * "unused"), built in several variants (one compile definition each) to
  * exercise the loader: a good one and one per way a plugin can be broken. */
+#ifdef CALLS_IN_REGISTER
+#define _GNU_SOURCE /* RTLD_DEFAULT; before any system header */
+#include <dlfcn.h>
+#include <string.h>
+#endif
 #include <math.h>
 #include <stdio.h>
 
@@ -91,6 +96,24 @@ EXPORT tefl_status* tefl_plugin_register(const tefl_host_services* host, const t
                          RmsNorm,
                          Fp32Only,
                          NULL};
+#ifdef CALLS_IN_REGISTER
+  {
+    /* what the guide forbids: dispatching an op while registering. It waited
+     * forever on the initialisation loading this plugin; now it fails. */
+    typedef tefl_status* (*call_fn)(int32_t, const DLTensor* const*, int32_t, DLTensor* const*, int32_t, const void*,
+                                    void*);
+    typedef int32_t (*op_id_fn)(const char*);
+    call_fn call = NULL;
+    op_id_fn op_id = NULL;
+    void* sym = dlsym(RTLD_DEFAULT, "tefl_call"); /* POSIX: a function's address as void* */
+    memcpy(&call, &sym, sizeof(call));
+    sym = dlsym(RTLD_DEFAULT, "tefl_op_id");
+    memcpy(&op_id, &sym, sizeof(op_id));
+    if (call == NULL || op_id == NULL) return host->status_new(TEFL_INTERNAL, "tefl_call not found");
+    tefl_status* r = call(op_id("rmsnorm_fwd"), NULL, 0, NULL, 0, NULL, NULL);
+    if (r != NULL) return r;
+  }
+#endif
 #ifdef SMALL_DESC
   desc.struct_size = 8; /* a descriptor tefl cannot read: refused with both sizes named */
 #endif
