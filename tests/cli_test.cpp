@@ -120,7 +120,12 @@ TEST(Cli, OpsDetailGolden) {
       "variance before the square root (finite: inf would turn every output into 0)\n"
       "  attr  zero_centered_gamma  bool                      default false                      apply gamma + 1\n"
       "  attr  sm_margin            i32                       default 0, [0, 1048576]            SMs left free "
-      "by CUDA kernels; ignored on the CPU\n");
+      "by CUDA kernels; ignored on the CPU\n"
+      "  contiguous only: every tensor compact row-major\n");
+  // and an op that takes strides says so
+  const Result rope = Tefl("ops fused_rope_forward");
+  ASSERT_EQ(rope.code, 0) << rope.err;
+  EXPECT_NE(rope.out.find("\n  strided tensors accepted (DLPack strides)\n"), std::string::npos) << rope.out;
 }
 
 TEST(Cli, OpsJsonListsTheCatalogue) {

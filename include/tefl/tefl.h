@@ -39,6 +39,10 @@ extern "C" {
 #define TEFL_ABI_MAJOR 1
 #define TEFL_ABI_MINOR 0
 
+/* The struct layouts below (pinned by offset asserts) are those of a 64-bit
+ * LP64 target. */
+TEFL_STATIC_ASSERT(sizeof(void*) == 8 && sizeof(size_t) == 8, "tefl's C ABI requires a 64-bit (LP64) target");
+
 /* Bytes of `type` up to and including `last_field` (PJRT's rule). */
 #define TEFL_STRUCT_SIZE(type, last_field) (offsetof(type, last_field) + sizeof(((type*)0)->last_field))
 
@@ -124,11 +128,14 @@ TEFL_STATIC_ASSERT(offsetof(tefl_call_frame, host) == 64, "append-only");
 
 /* A kernel returns NULL on success, a TEFL_UNSUPPORTED status when it
  * declines (before writing any output), or an error status. The frame has
- * already been validated against the op's schema. */
+ * already been validated against the op's schema; it and everything it
+ * points to live for the duration of the call only. Kernels (and supports
+ * functions) are called from many threads at once, with different frames. */
 typedef tefl_status* (*tefl_kernel_fn)(const tefl_call_frame* frame, void* user_data);
 
-/* Optional. Returns 1 when the implementation serves calls like `frame`,
- * else 0 with a human-readable reason in why[0..why_len). The answer is
+/* Optional. Returns nonzero (1) when the implementation serves calls like
+ * `frame`, else 0 with a human-readable, NUL-terminated reason in
+ * why[0..why_len) (why_len is 512 today; a longer reason is cut). The answer is
  * cached per call signature (op, device type, each tensor's dtype, rank,
  * contiguity and presence, and the op's signature attributes), so it must
  * depend on nothing else; shape-dependent refusals belong in the kernel
@@ -200,7 +207,8 @@ typedef struct tefl_host_services {
   void (*status_free)(tefl_status* status);
   int32_t (*status_code)(const tefl_status* status);
   const char* (*status_message)(const tefl_status* status);
-  /* Logs through tefl's logger (TEFL_LOG_LEVEL applies). */
+  /* Logs through tefl's logger (TEFL_LOG_LEVEL applies); `file` may be NULL
+   * (the line then names "plugin"), `message` too (an empty line). */
   void (*log)(int32_t level, const char* file, int32_t line, const char* message);
   /* Runs body over [0, n) split into chunks of at least `grain` on the host's
    * thread pool; returns when all chunks are done. Chunks never overlap. */

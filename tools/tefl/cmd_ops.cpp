@@ -111,6 +111,9 @@ void PrintDetail(const OpSchema& op) {
   if (op.inplace_output >= 0)
     std::printf("  output '%s' may be exactly input '%s' (in place)\n", op.outputs[size_t(op.inplace_output)].name,
                 op.inputs[size_t(op.inplace_input)].name);
+  // What a kernel can rely on about strides (validation refuses the rest first).
+  std::printf("  %s\n", (op.flags & kOpContiguous) != 0 ? "contiguous only: every tensor compact row-major"
+                                                         : "strided tensors accepted (DLPack strides)");
 }
 
 }  // namespace
