@@ -177,6 +177,7 @@ TEST_F(PluginTest, IncompleteDeviceRuntimeIsRefusedNotCalled) {
 }
 
 TEST(DeviceRuntimeCheck, NamesWhatIsMissing) {
+  tefl::RegisterCpuRuntime();  // (a manager's initialisation does it; this test may run alone)
   tefl_device_runtime rt = *tefl::DeviceRuntime(kDLCPU);  // complete: the CPU's
   rt.device_type = kDLExtDev;
   rt.name = "probe";
