@@ -319,6 +319,10 @@ Status PluginRegisterDispatchError(std::string_view op_name) {
 }
 
 Status LoadPlugin(std::string_view name_or_path, OpRegistry& registry) {
+  if (t_in_plugin_register)  // the loader's lock is held by the load that is running this plugin's register
+    return Status(TEFL_FAILED_PRECONDITION, fmt::format("loading plugin '{}' from a plugin's tefl_plugin_register: "
+                                                        "a register function only registers",
+                                                        name_or_path));
   std::lock_guard<std::mutex> lock(g_plugins_mu);
   PluginReport r = LoadOne(Trim(name_or_path), registry, SearchDirs());
   LogReport(r);
