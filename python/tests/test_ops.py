@@ -204,6 +204,11 @@ def test_validation_errors_name_op_argument_and_expectation(manager):
         manager.call("rmsnorm_fwd", torch.randn(2, 16), torch.ones(16), sm_margin="x")
     with pytest.raises(KeyError, match="unknown op 'nope'"):
         manager.call("nope", torch.randn(2))
+    # an op whose Python names are the schema's says None too (libtefl's message says NULL)
+    x = torch.randn(10, 2, 8)
+    with pytest.raises(ValueError, match=r"^fused_rope_forward: argument 'cu_seqlens' \(input 3\): is required for "
+                                         r"qkv_format thd, got None$"):
+        tefl.fused_rope_forward(x, torch.randn(10, 1, 1, 8), None, tefl.NVTE_QKV_Format.NVTE_THD)
 
 
 def test_none_for_an_attribute_is_a_type_error(manager):
