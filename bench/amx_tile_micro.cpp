@@ -84,6 +84,21 @@ __attribute__((target("amx-tile"))) void ReleaseTiles() { _tile_release(); }
 // One call of the tile loop: sums (+)= A block . B panel over `steps` steps.
 // A's tiles at a and a + a_hi, rows a_ld bytes apart, a_step bytes per step;
 // pf_per_step lines from *pf are prefetched into L2 per step.
+// One step's four products: sums tiles 0-3 += A tiles 4-5 x B tiles 6-7.
+__attribute__((target("amx-tile,amx-bf16"), always_inline)) inline void ProductStep() {
+  _tile_dpbf16ps(0, 4, 6);
+  _tile_dpbf16ps(1, 4, 7);
+  _tile_dpbf16ps(2, 5, 6);
+  _tile_dpbf16ps(3, 5, 7);
+}
+// Tiles 0-3 into the 32 x 32 fp32 block `sums`.
+__attribute__((target("amx-tile"), always_inline)) inline void StoreSums(float* sums) {
+  _tile_stored(0, sums, 128);
+  _tile_stored(1, sums + 16, 128);
+  _tile_stored(2, sums + 512, 128);
+  _tile_stored(3, sums + 528, 128);
+}
+
 // d_per_step 64-byte lines are streamed (non-temporal stores) to *d, rows
 // kDRowBytes apart, as AmxBody writes a bf16 D.
 constexpr int64_t kDRowBytes = 8192, kDBytes = int64_t(32) << 20;  // D of 4096 x 4096 bf16
@@ -126,14 +141,8 @@ __attribute__((target("amx-tile,amx-bf16,avx512f"), noinline)) void TileLoop(
     _tile_loadd(7, b + 64, 128);
   }
   *pf = p;
-  _tile_dpbf16ps(0, 4, 6);
-  _tile_dpbf16ps(1, 4, 7);
-  _tile_dpbf16ps(2, 5, 6);
-  _tile_dpbf16ps(3, 5, 7);
-  _tile_stored(0, sums, 128);
-  _tile_stored(1, sums + 16, 128);
-  _tile_stored(2, sums + 512, 128);
-  _tile_stored(3, sums + 528, 128);
+  ProductStep();
+  StoreSums(sums);
   asm volatile("" ::: "memory");
 }
 // tdpbf16ps alone: `steps` x 4 products on operand tiles loaded once.
@@ -148,16 +157,8 @@ __attribute__((target("amx-tile,amx-bf16"), noinline)) void ProductsOnly(const c
   _tile_loadd(5, a + 1024, 64);
   _tile_loadd(6, b, 128);
   _tile_loadd(7, b + 64, 128);
-  for (int64_t s = 0; s < steps; ++s) {
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_dpbf16ps(3, 5, 7);
-  }
-  _tile_stored(0, sums, 128);
-  _tile_stored(1, sums + 16, 128);
-  _tile_stored(2, sums + 512, 128);
-  _tile_stored(3, sums + 528, 128);
+  for (int64_t s = 0; s < steps; ++s) ProductStep();
+  StoreSums(sums);
   asm volatile("" ::: "memory");
 }
 

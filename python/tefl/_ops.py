@@ -275,9 +275,9 @@ class OpSignature:
                 rule = rule[:3]
             # The caller's tensor is checked before anything is allocated
             # (tefl's own outputs never require grad, and cost nothing here).
-            param = out_param.get(n) or "out"
-            grad_check = (f"if _o{k} is not None and getattr(_o{k}, 'requires_grad', False): "
-                          f"_grad_out({self.name!r}, {param!r}, {n!r})")
+            grad_out = (f"getattr(_o{k}, 'requires_grad', False): "
+                        f"_grad_out({self.name!r}, {out_param.get(n) or 'out'!r}, {n!r})")
+            grad_check = f"if _o{k} is not None and {grad_out}"
             if optional and (rule is None or cond is None):
                 # An optional output is produced only when asked for (out=),
                 # or when its rule's condition holds (e.g. pre_gelu_out with gelu).
@@ -323,8 +323,7 @@ class OpSignature:
             else:
                 alloc_lines.append(f"_o{k} = {given}")
                 alloc_lines.append(f"if _o{k} is None: _o{k} = {alloc}")
-                alloc_lines.append(f"elif getattr(_o{k}, 'requires_grad', False): "
-                                   f"_grad_out({self.name!r}, {param!r}, {n!r})")
+                alloc_lines.append(f"elif {grad_out}")
         # Allocation reads the inputs' shapes: a non-tensor argument fails
         # there, before libtefl's validation; say which one (no cost when
         # nothing is raised).
