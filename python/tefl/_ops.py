@@ -664,14 +664,14 @@ def _quantized(op, quantizer, call, inputs, outputs, attrs, policy, returns, mai
     then receives the FP8 codes: a Float8Tensor (its scale_inv is written
     too) or a tensor of the quantizer's FP8 dtype; anything else is an
     error (it was ignored: the codes went to a fresh tensor)."""
-    from ._te_api import Float8Tensor, _quantizer_dtype
+    from ._te_api import Float8Tensor, _amax_into, _fp8_codes, _quantizer_dtype
 
     schema = BY_NAME[op + "_fp8"]
     fp8 = _quantizer_dtype(quantizer, op)
     ref = outputs[main]
     if given is not None:
         f8 = hasattr(given, "_data") and hasattr(given, "_scale_inv")
-        data = given._data if f8 else given
+        data = _fp8_codes(given, f"{op}: argument '{given_name}'") if f8 else given
         have = getattr(data, "dtype", None)
         try:
             have_name = dtype_name(have)
@@ -688,7 +688,10 @@ def _quantized(op, quantizer, call, inputs, outputs, attrs, policy, returns, mai
         scale_inv = _empty(ref, (1,), "float32")
     outs = list(outputs)
     outs[main] = z
-    call(schema["id"], tuple(inputs) + (quantizer.scale,), tuple(outs) + (quantizer.amax, scale_inv), attrs, policy)
+    # Folded into quantizer.amax after the call (a running max, as TE's kernels keep it).
+    amax = _empty(ref, tuple(getattr(quantizer.amax, "shape", (1,))), "float32")
+    call(schema["id"], tuple(inputs) + (quantizer.scale,), tuple(outs) + (amax, scale_inv), attrs, policy)
+    _amax_into(quantizer, amax)
     q = Float8Tensor(z, scale_inv, DType.kFloat8E4M3 if fp8 == "float8_e4m3fn" else DType.kFloat8E5M2)
     if given is not None and hasattr(given, "_data") and hasattr(given, "_scale_inv"):
         given._fp8_dtype = q._fp8_dtype

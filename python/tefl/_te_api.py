@@ -50,7 +50,7 @@ class Float8Tensor:
     def dequantize(self, dtype=None):
         from . import dequantize as _dequantize  # the catalogue op
 
-        out = _dequantize(self._data, self._scale_inv)
+        out = _dequantize(_fp8_codes(self, "Float8Tensor.dequantize"), self._scale_inv)
         return out if dtype is None else out.to(dtype)
 
 
@@ -68,6 +68,47 @@ class Float8Quantizer:
         # A bad dtype is named here, when the quantizer is made, not at the
         # first op that uses it.
         _quantizer_dtype(self, "Float8Quantizer")
+
+
+def _amax_into(quantizer, amax):
+    """quantizer.amax = max(quantizer.amax, amax): TE's kernels fold each
+    cast's max |x| into the quantizer's amax (an atomic max), and its
+    delayed-scaling recipe zeroes that amax when it rolls the history, so
+    that one step's casts (micro-batches, recomputation) all count. NaN
+    propagates, as in tefl's amax outputs."""
+    dst = quantizer.amax
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(dst, torch.Tensor):
+        with torch.no_grad():
+            torch.maximum(dst, amax, out=dst)
+        return
+    import numpy as np
+
+    np.maximum(dst, amax, out=dst)
+
+
+def _fp8_codes(x, where: str):
+    """A Float8Tensor's codes as a float8 tensor. TE's own Float8Tensor keeps
+    them as uint8 (``_data``) with the format in ``_fp8_dtype``; those are
+    viewed as that float8 dtype (no copy)."""
+    data = x._data
+    if dtype_name(getattr(data, "dtype", None)) != "uint8":
+        return data
+    fmt = getattr(x, "_fp8_dtype", None)
+    try:
+        name = _FP8_NAMES[DType(int(getattr(fmt, "value", fmt)))]
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(f"{where}: a Float8Tensor with uint8 data needs _fp8_dtype DType.kFloat8E4M3 or "
+                         f"kFloat8E5M2 to read its codes, got {fmt!r}") from None
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(data, torch.Tensor):
+        return data.view(getattr(torch, name))
+    try:
+        import ml_dtypes  # numpy's float8 types
+    except ImportError:
+        raise TypeError(f"{where}: uint8 Float8Tensor data in a {type(data).__name__} cannot be read as {name} "
+                        f"without ml_dtypes; pass a torch tensor or float8 data") from None
+    return data.view(getattr(ml_dtypes, name))
 
 
 def _gemm_operand(x, what: str):
@@ -112,7 +153,7 @@ def _check_gemm_operands(A, a, transA, B, b, transB):
 def _fp8_operand(x, scale_inv, what: str):
     """(tensor, scale_inv) of a GEMM operand."""
     if hasattr(x, "_data") and hasattr(x, "_scale_inv"):
-        return x._data, x._scale_inv
+        return _fp8_codes(x, f"generic_gemm: argument '{what}'"), x._scale_inv
     if dtype_name(x.dtype).startswith("float8") and scale_inv is None:
         raise ValueError(f"generic_gemm: argument '{what}' is FP8 ({dtype_name(x.dtype)}): pass {what}_scale_inv= "
                          f"(a [1] float32 tensor) or a Float8Tensor")
@@ -133,7 +174,22 @@ def _window_pair(w, default, where: str):
     return tuple(-1 if v is None else int(v) for v in (left, right))
 
 
+# TransformerEngine quantizers whose scale is not a given per-tensor scale:
+# tefl's fused FP8 outputs quantize with quantizer.scale as it stands, which
+# for these would be a stale or meaningless scale, so they are refused.
+_UNFUSED_QUANTIZERS = {
+    "Float8CurrentScalingQuantizer": "current scaling (compute the amax with tefl.compute_amax and the scale with "
+                                     "tefl.compute_scale_from_amax, then pass a tefl.Float8Quantizer)",
+    "MXFP8Quantizer": "MXFP8 block scaling", "Float8BlockQuantizer": "FP8 block scaling",
+    "NVFP4Quantizer": "NVFP4"}
+
+
 def _quantizer_dtype(q, op: str = "generic_gemm") -> str:
+    kind = _UNFUSED_QUANTIZERS.get(type(q).__name__)
+    if kind is not None:
+        raise NotImplementedError(f"{op}: a {type(q).__name__} is not supported: tefl's FP8 outputs use per-tensor "
+                                  f"scaling with the quantizer's given scale (TE's Float8Quantizer, delayed "
+                                  f"scaling), not {kind}")
     if not (hasattr(q, "scale") and hasattr(q, "amax")):
         raise TypeError(f"{op}: a quantizer needs 'scale' and 'amax' tensors and an FP8 'dtype' "
                         f"(tefl.Float8Quantizer), got {type(q).__name__}")
@@ -168,7 +224,8 @@ def _te_gemm_names(message: str) -> str:
 
 def generic_gemm(A, transA, B, transB, D=None, quantizer=None, output_dtype=None, bias=None, bias_type=None,
                  gelu=False, gelu_in=None, grad=False, workspace=None, workspace_size=0, accumulate=False,
-                 use_split_accumulator=False, *args, A_scale_inv=None, B_scale_inv=None, alpha=1.0, _call=None):
+                 use_split_accumulator=False, comm_overlap=None, comm_type=None, extra_output=None,
+                 bulk_overlap=False, alpha=1.0, beta=None, *, A_scale_inv=None, B_scale_inv=None, _call=None):
     """generic_gemm: TransformerEngine's call (column-major statement, see the
     tefl._te_api docstring) -> (out, bias_grad, gelu_input, extra_output).
 
@@ -182,8 +239,22 @@ def generic_gemm(A, transA, B, transB, D=None, quantizer=None, output_dtype=None
     ``(op'(A) op'(B)) * gelu'(gelu_in)`` and, with a ``bias`` argument,
     ``bias_grad`` = the column sums of out. ``accumulate`` adds into ``D``. ``workspace``,
     ``workspace_size``, ``bias_type`` and ``use_split_accumulator`` are cuBLAS
-    details, accepted and unused on tefl's CPU implementations.
+    details, accepted and unused on tefl's CPU implementations. ``alpha`` and
+    ``beta`` are TE's: D = alpha * product + beta * D, beta defaulting to 1
+    with ``accumulate`` and 0 without (a nonzero beta without ``accumulate``
+    is an error, as in TE). ``comm_overlap`` (Userbuffers communication
+    overlap) must be None: tefl has no communicator, so it is refused rather
+    than skipped; ``comm_type`` and ``bulk_overlap`` only matter with it.
+    ``extra_output`` is returned as the fourth element, as TE does.
     """
+    if comm_overlap is not None:
+        raise NotImplementedError(f"generic_gemm: comm_overlap (TE's Userbuffers GEMM/communication overlap) is not "
+                                  f"supported by tefl; got {type(comm_overlap).__name__}: pass comm_overlap=None")
+    if beta is None:
+        beta = 1.0 if accumulate else 0.0
+    elif not accumulate and float(beta) != 0.0:
+        raise ValueError(f"generic_gemm: beta={beta!r} without accumulate=True: beta scales D's previous contents, "
+                         f"which are only read with accumulate=True")
     if _call is None:
         from .core import get_default_manager
 
@@ -202,7 +273,8 @@ def generic_gemm(A, transA, B, transB, D=None, quantizer=None, output_dtype=None
     out_name = None
     if quantizer is not None:
         out_name = _quantizer_dtype(quantizer)
-        d_scale, d_amax = quantizer.scale, quantizer.amax
+        d_scale = quantizer.scale
+        d_amax = _empty(quantizer.amax, tuple(quantizer.amax.shape), "float32")  # folded into quantizer.amax
     elif output_dtype is not None:
         try:
             out_name = dtype_name(output_dtype)
@@ -230,7 +302,7 @@ def generic_gemm(A, transA, B, transB, D=None, quantizer=None, output_dtype=None
         bias_grad = _empty(a, (n,) if gelu else (m,), dtype_name(bias.dtype))
     try:
         _call(a, b, bias=None if grad else bias, a_scale_inv=a_si, b_scale_inv=b_si, d_scale=d_scale, transa=ta,
-              transb=tb, alpha=float(alpha), beta=1.0 if accumulate else 0.0, accumulate=bool(accumulate),
+              transb=tb, alpha=float(alpha), beta=float(beta), accumulate=bool(accumulate),
               gelu=bool(gelu), grad=bool(grad), use_split_accumulator=bool(use_split_accumulator),
               out=(D, pre, bias_grad, d_amax))
     except (ValueError, TypeError) as e:
@@ -240,10 +312,11 @@ def generic_gemm(A, transA, B, transB, D=None, quantizer=None, output_dtype=None
         raise type(e)(renamed) from None
     out = D
     if quantizer is not None:
+        _amax_into(quantizer, d_amax)
         torch = sys.modules.get("torch")
         scale_inv = 1.0 / quantizer.scale if torch is not None and isinstance(quantizer.scale, torch.Tensor) else None
         out = Float8Tensor(D, scale_inv, DType.kFloat8E4M3 if out_name == "float8_e4m3fn" else DType.kFloat8E5M2)
-    return out, bias_grad, pre, None
+    return out, bias_grad, pre, extra_output
 
 
 # ---- attention ---------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import dataclasses
 import importlib
 import importlib.util
 import inspect
+import numbers
 import os
 import sys
 import threading
@@ -238,6 +239,31 @@ def _norm_per_op(per_op_order) -> Tuple[Tuple[str, Tuple[str, ...]], ...]:
     return tuple(sorted(out))
 
 
+def _policy_bool(value, what: str) -> bool:
+    """A bool (or 0 / 1): a string such as "false" would be truthy, so it is refused."""
+    if (isinstance(value, (bool, numbers.Integral)) or type(value).__name__ == "bool_") and value in (0, 1):
+        return bool(value)
+    raise TypeError(f"SelectionPolicy: {what} expects a bool, got {value!r} ({type(value).__name__})")
+
+
+def _vendor_set(values, what: str) -> FrozenSet[str]:
+    """Vendor names, lower-cased. A bare string would be iterated letter by
+    letter, so it is refused (TE_FL_DENY_VENDORS's comma-separated form is the
+    environment's)."""
+    if isinstance(values, (str, bytes)):
+        raise TypeError(f"SelectionPolicy: {what} expects a collection of vendor names, got the string "
+                        f"{values!r} (write {{{values!r}}} for one vendor)")
+    try:
+        names = list(values)
+    except TypeError:
+        raise TypeError(f"SelectionPolicy: {what} expects a collection of vendor names, got "
+                        f"{type(values).__name__}") from None
+    for v in names:
+        if not isinstance(v, str):
+            raise TypeError(f"SelectionPolicy: {what} expects vendor names (str), got {v!r} ({type(v).__name__})")
+    return frozenset(v.strip().lower() for v in names)
+
+
 @dataclasses.dataclass(frozen=True)
 class SelectionPolicy:
     """Which implementation runs (frozen): libtefl's SelectionPolicy."""
@@ -254,11 +280,11 @@ class SelectionPolicy:
             raise ValueError(f"SelectionPolicy: prefer must be one of {sorted(VALID_PREFER_VALUES)}, "
                              f"got {self.prefer!r}")
         object.__setattr__(self, "prefer", prefer)
-        object.__setattr__(self, "strict", bool(self.strict))
+        object.__setattr__(self, "strict", _policy_bool(self.strict, "strict"))
         object.__setattr__(self, "per_op_order", _norm_per_op(self.per_op_order))
-        object.__setattr__(self, "deny_vendors", frozenset(v.strip().lower() for v in (self.deny_vendors or ())))
+        object.__setattr__(self, "deny_vendors", _vendor_set(self.deny_vendors or (), "deny_vendors"))
         if self.allow_vendors is not None:
-            object.__setattr__(self, "allow_vendors", frozenset(v.strip().lower() for v in self.allow_vendors))
+            object.__setattr__(self, "allow_vendors", _vendor_set(self.allow_vendors, "allow_vendors"))
         h = _core.Policy.make(prefer, self.strict, {op: list(o) for op, o in self.per_op_order},
                               set(self.deny_vendors), set(self.allow_vendors) if self.allow_vendors is not None
                               else None)
@@ -270,8 +296,7 @@ class SelectionPolicy:
     @classmethod
     def from_dict(cls, prefer: str = PREFER_DEFAULT, strict: bool = False, per_op_order=None, deny_vendors=None,
                   allow_vendors=None) -> "SelectionPolicy":
-        return cls(prefer, strict, _norm_per_op(per_op_order or ()), frozenset(deny_vendors or ()),
-                   frozenset(allow_vendors) if allow_vendors is not None else None)
+        return cls(prefer, strict, _norm_per_op(per_op_order or ()), deny_vendors or frozenset(), allow_vendors)
 
     @classmethod
     def _from_core(cls, h) -> "SelectionPolicy":

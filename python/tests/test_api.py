@@ -147,6 +147,24 @@ def test_selection_policy_frozen_validated_and_helpers():
         SelectionPolicy(per_op_order={"rmsnorm_fwd": "vendor:"})
 
 
+def test_selection_policy_refuses_strings_for_bools_and_vendor_sets():
+    # "false" is a truthy string, and a bare vendor string would be read letter by letter ({'a', 'c', 'm', 'e'}).
+    for bad in ("false", "0", 2, None):
+        with pytest.raises(TypeError, match=r"SelectionPolicy: strict expects a bool, got"):
+            SelectionPolicy(strict=bad)
+    assert SelectionPolicy(strict=1).strict is True and SelectionPolicy(strict=False).strict is False
+    for field in ("deny_vendors", "allow_vendors"):
+        with pytest.raises(TypeError, match=rf"SelectionPolicy: {field} expects a collection of vendor names, got "
+                                            r"the string 'acme' \(write \{'acme'\} for one vendor\)"):
+            SelectionPolicy(**{field: "acme"})
+        with pytest.raises(TypeError, match=rf"SelectionPolicy: {field} expects vendor names \(str\), got 1"):
+            SelectionPolicy(**{field: [1]})
+    with pytest.raises(TypeError, match="deny_vendors expects a collection"):
+        SelectionPolicy.from_dict(deny_vendors="acme")
+    assert not SelectionPolicy(deny_vendors=["Acme"]).is_vendor_allowed("acme")
+    assert SelectionPolicy(allow_vendors=("acme",)).is_vendor_allowed("acme")
+
+
 def test_allow_and_deny_vendors_deny_beats_allow():
     p = SelectionPolicy(allow_vendors={"a", "B"}, deny_vendors={"b"})
     assert p.is_vendor_allowed("A") and not p.is_vendor_allowed("b") and not p.is_vendor_allowed("c")

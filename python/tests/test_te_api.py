@@ -165,6 +165,85 @@ def test_fp8_operands_and_fp8_output():
         tefl.generic_gemm(tefl.Float8Tensor(qw, sw.reshape(1, 1)), True, tefl.Float8Tensor(qx, sx), False)
 
 
+def test_generic_gemm_takes_te_keywords_alpha_and_beta():
+    # TE's general_gemm always passes comm_overlap / comm_type / extra_output / bulk_overlap by keyword.
+    g = torch.Generator().manual_seed(9)
+    w, x, ws = torch.randn(3, 5, generator=g), torch.randn(7, 5, generator=g), torch.empty(32)
+    args = (w, True, x, False, None, None, None, None, tefl.DType.kBFloat16, False, None, False, ws, 32, False, False)
+    extra = torch.zeros(2)
+    out, bias_grad, pre, extra_out = tefl.generic_gemm(*args, comm_overlap=None, comm_type=None, extra_output=extra,
+                                                       bulk_overlap=False)
+    close(out, x @ w.T, 1e-5)
+    assert bias_grad is None and pre is None and extra_out is extra
+    # alpha, and beta with accumulate (D = alpha * x w^T + beta * D); beta defaults to 1 with accumulate
+    d = torch.full((7, 3), 2.0)
+    tefl.generic_gemm(w, True, x, False, d, None, None, None, None, False, None, False, ws, 32, True, False,
+                      alpha=2.0, beta=0.5)
+    close(d, 2 * (x @ w.T) + 1.0, 1e-5)
+    d2 = torch.full((7, 3), 2.0)
+    tefl.generic_gemm(w, True, x, False, d2, accumulate=True, alpha=-1.0)
+    close(d2, 2.0 - x @ w.T, 1e-5)
+    with pytest.raises(ValueError, match=r"generic_gemm: beta=0.5 without accumulate=True"):
+        tefl.generic_gemm(*args, alpha=2.0, beta=0.5)
+    out0, *_ = tefl.generic_gemm(*args, beta=0.0)
+    close(out0, x @ w.T, 1e-5)
+    with pytest.raises(NotImplementedError, match=r"generic_gemm: comm_overlap .* pass comm_overlap=None"):
+        tefl.generic_gemm(*args, comm_overlap=object(), comm_type=0)
+
+
+def test_te_float8_tensor_with_uint8_data_and_fp8_dtype():
+    # TE's Float8Tensor keeps its codes as uint8 in _data, the format in _fp8_dtype.
+    g = torch.Generator().manual_seed(10)
+    wq = torch.randn(3, 5, generator=g).to(torch.float8_e5m2)
+    xq = torch.randn(7, 5, generator=g).to(torch.float8_e5m2)
+
+    def te_f8(t, fmt=tefl.DType.kFloat8E5M2):
+        return tefl.Float8Tensor(t.view(torch.uint8), torch.tensor([0.5]), fmt)
+
+    out, *_ = tefl.generic_gemm(te_f8(wq), True, te_f8(xq), False)
+    close(out, 0.25 * xq.float() @ wq.float().T, 1e-6)
+    assert torch.equal(te_f8(wq).dequantize(), 0.5 * wq.float())
+    with pytest.raises(ValueError, match=r"generic_gemm: argument 'A': a Float8Tensor with uint8 data needs "
+                                         r"_fp8_dtype DType.kFloat8E4M3 or kFloat8E5M2"):
+        tefl.generic_gemm(te_f8(wq, tefl.DType.kBFloat16), True, te_f8(xq), False)
+    # as the output of a fused FP8 op: the codes land in the uint8 storage
+    f8 = tefl.Float8Tensor(torch.zeros(2, 8, dtype=torch.uint8), torch.zeros(1), tefl.DType.kFloat8E4M3)
+    q = tefl.Float8Quantizer(torch.ones(1), torch.zeros(1))
+    y = tefl.swiglu(torch.full((2, 16), 2.0), q, out=f8)
+    assert y is f8 and f8._data.dtype == torch.uint8 and torch.count_nonzero(f8._data) == 16
+    assert torch.equal(f8._data.view(torch.float8_e4m3fn).float(), torch.full((2, 8), 2.0 * 2.0 / (1 + math.exp(-2.0))
+                                                                              ).to(torch.float8_e4m3fn).float())
+
+
+def test_quantizer_amax_is_a_running_max_as_in_te():
+    # TE's kernels fold each cast's max |x| into the quantizer's amax; its recipe zeroes it at each history roll.
+    hist = torch.zeros(3, 1)
+    q = tefl.Float8Quantizer(torch.ones(1), hist[0])
+    for v, want in ((3.0, 3.0), (1.0, 3.0), (4.0, 4.0)):
+        x = torch.zeros(2, 8)
+        x[0, 0] = v
+        tefl.generic_gemm(torch.eye(8), True, x, False, None, q)
+        assert hist[0].item() == want and hist[1].item() == 0.0
+    hist.zero_()
+    tefl.swiglu(torch.full((2, 16), 3.0), q)
+    first = hist[0].item()
+    tefl.swiglu(torch.full((2, 16), 0.5), q)
+    assert first > 0 and hist[0].item() == first
+    tefl.swiglu(torch.full((2, 16), 4.0), q)
+    assert hist[0].item() > first
+
+
+def test_te_quantizers_without_a_given_scale_are_refused():
+    class Float8CurrentScalingQuantizer:  # TE's class name: its scale is computed from this tensor's amax
+        scale, amax, dtype = torch.ones(1), torch.zeros(1), tefl.DType.kFloat8E4M3
+
+    with pytest.raises(NotImplementedError, match=r"swiglu: a Float8CurrentScalingQuantizer is not supported: .* "
+                                                  r"not current scaling"):
+        tefl.swiglu(torch.ones(2, 16), Float8CurrentScalingQuantizer())
+    with pytest.raises(NotImplementedError, match=r"generic_gemm: a Float8CurrentScalingQuantizer"):
+        tefl.generic_gemm(torch.eye(4), True, torch.ones(2, 4), False, None, Float8CurrentScalingQuantizer())
+
+
 def test_quantize_matches_torch_cast_and_round_trips():
     x = torch.linspace(-3, 3, 101)
     q, amax, scale_inv = tefl.quantize(x, torch.tensor([100.0]))
