@@ -630,6 +630,50 @@ TEST(GemmConformanceSpecial, OneSubnormalAnywhereIsSeen) {
       }
 }
 
+// The bf16 tiles (vdpbf16ps, AMX) also flush subnormal *products* to 0, so
+// default.portable takes the exact path when a product of two nonzero
+// inputs can fall below 2^-126 (the smallest magnitudes of A and B multiply
+// to less), although no input is subnormal: 2^-64 somewhere in one operand
+// (the rest 0) times 2^-63 everywhere in the other gives D entries of
+// exactly 2^-127, which the tiles flushed to 0. Every packing and scanning
+// path, both D dtypes (2^-127 is a bf16 subnormal too).
+TEST(GemmConformanceSpecial, SubnormalProductsOfNormalInputsAreExact) {
+  const double tiny = std::ldexp(1.0, -64), small = std::ldexp(1.0, -63), prod = std::ldexp(1.0, -127);
+  const Shape shapes[] = {{40, 64, 40}, {37, 45, 42}, {70, 33, 41}, {96, 160, 64}};
+  for (const Shape& sh : shapes)
+    for (DType td : {DType::kF32, DType::kBF16})
+      for (int t = 0; t < 4; ++t)
+        for (int in_b = 0; in_b < 2; ++in_b) {
+          const bool ta = t & 1, tb = t & 2;
+          const int64_t n_elems = in_b ? sh.k * sh.n : sh.m * sh.k, pos = n_elems / 2 + 3;
+          SCOPED_TRACE(fmt::format("{}x{}x{} transa={} transb={} D {}: 2^-64 in {} at {}", sh.m, sh.n, sh.k, ta, tb,
+                                   Short(td), in_b ? "B" : "A", pos));
+          Problem p = MakeGemm({DType::kBF16, DType::kBF16, td}, kEpilogues[0], sh.m, sh.n, sh.k, ta, tb, "tiny_prod");
+          p.in[in_b ? kB : kA]->Fill(0.0);
+          p.in[in_b ? kB : kA]->set(pos, tiny);
+          p.in[in_b ? kA : kB]->Fill(small);
+          ASSERT_TRUE(p.Run("default.portable").ok());
+          // The row of D (A's element) or column (B's) the tiny value feeds.
+          const int64_t row = ta ? pos % sh.m : pos / sh.k, col = tb ? pos / sh.k : pos % sh.n;
+          int64_t wrong = 0;
+          for (int64_t i = 0; i < sh.m; ++i)
+            for (int64_t j = 0; j < sh.n; ++j) {
+              const double want = (in_b ? j == col : i == row) ? prod : 0.0;
+              wrong += p.out[kD]->at(i * sh.n + j) != want;
+            }
+          EXPECT_EQ(wrong, 0) << "D entries other than the exact 2^-127 / 0";
+        }
+  // 32 products of 2^-127 each sum to the normal 2^-122 (the reviewer's case: zero from the tiles).
+  for (DType td : {DType::kF32, DType::kBF16}) {
+    Problem p = MakeGemm({DType::kBF16, DType::kBF16, td}, kEpilogues[0], 64, 64, 32, false, false, "tiny_sum");
+    p.in[kA]->Fill(small);
+    p.in[kB]->Fill(tiny);
+    ASSERT_TRUE(p.Run("default.portable").ok());
+    EXPECT_EQ(p.out[kD]->at(0), std::ldexp(1.0, -122)) << Short(td);
+    EXPECT_EQ(p.out[kD]->at(64 * 64 - 1), std::ldexp(1.0, -122)) << Short(td);
+  }
+}
+
 // bf16 A, B and D with no C, GELU or amax: default.portable packs and runs
 // the tiles in one fork-join and, for an untransposed A with even K, reads A
 // in place (no packing; the last row block re-reads its last row). Partial
@@ -729,6 +773,22 @@ void ExpectPathRanWhereOn(tefl::backends::PortablePath path, unsigned long long 
   } else {
     EXPECT_EQ(after, before) << "the path is off but ran";
   }
+}
+
+// Small inputs whose products stay fp32 normals keep the bf16 tiles: A of
+// 2^-60 and B of 2^-60 (products 2^-120) run on AMX where it is on, and D is
+// the exact 2^-120 * K.
+TEST(GemmConformanceSpecial, SmallNormalProductsKeepTheTiles) {
+  using tefl::backends::PortablePath;
+  const unsigned long long amx_runs = tefl::backends::PortablePathRuns(PortablePath::kGemmAmx);
+  for (DType td : {DType::kF32, DType::kBF16}) {
+    Problem p = MakeGemm({DType::kBF16, DType::kBF16, td}, kEpilogues[0], 64, 96, 64, false, false, "small_prod");
+    p.in[kA]->Fill(std::ldexp(1.0, -60));
+    p.in[kB]->Fill(std::ldexp(1.0, -60));
+    ASSERT_TRUE(p.Run("default.portable").ok());
+    EXPECT_EQ(p.out[kD]->at(5), std::ldexp(1.0, -114)) << Short(td);
+  }
+  ExpectPathRanWhereOn(PortablePath::kGemmAmx, amx_runs);
 }
 
 // ---- te_general_grouped_gemm ------------------------------------------------------

@@ -459,7 +459,28 @@ inline ColumnMasks MasksOf32(int cols) {
 
 bool CpuHasBf16Dot() { return CpuHasAvx512Bf16(); }
 
-bool IsSubnormalBf16(uint16_t h) { return (h & 0x7F80u) == 0 && (h & 0x7Fu) != 0; }
+// The bf16 tiles (vdpbf16ps, AMX's tdpbf16ps) read subnormal inputs as 0
+// and flush subnormal products and sums to 0. Packing and the scans record
+// the smallest nonzero magnitude (bits h & 0x7FFF; kNoMagnitude when every
+// value is +-0) of op(A) and of op(B); Bf16TilesExact decides from the two
+// whether the tiles may run. A nonzero product of magnitudes >= 2^(ea-127)
+// and >= 2^(eb-127) (biased exponents ea, eb >= 1) is >= 2^(ea+eb-254), an
+// fp32 normal when ea + eb >= 128: then only a sum that cancels to below
+// 2^-126 is flushed (an absolute error < 2^-126).
+constexpr uint16_t kNoMagnitude = 0xFFFF;
+inline uint16_t NonzeroMagnitude(uint16_t h) {
+  const uint16_t mag = h & 0x7FFFu;
+  return mag != 0 ? mag : kNoMagnitude;
+}
+bool Bf16TilesExact(uint16_t min_a, uint16_t min_b) {
+  const int ea = min_a >> 7, eb = min_b >> 7;  // kNoMagnitude: 511
+  return ea != 0 && eb != 0 && ea + eb >= 128;
+}
+void AtomicMinU16(std::atomic<uint16_t>& a, uint16_t v) {
+  for (uint16_t cur = a.load(std::memory_order_relaxed);
+       v < cur && !a.compare_exchange_weak(cur, v, std::memory_order_relaxed);) {
+  }
+}
 
 struct Bf16Job {
   int64_t m, n, k, kp;        // kp = K pairs (K rounded up to even / 2)
@@ -480,34 +501,61 @@ struct Bf16Job {
   uint16_t* pre16 = nullptr;  // with gelu: bf16(alpha * sum + bias) [M, N], or NULL
   bool native_bf16 = false;   // with gelu: UseBf16NativeStore() (GeluTileBf16's rounding)
   int64_t m_blocks, n_panels, m_supers, n_groups;
-  bool row_a = false;            // the tiles read row-major A in place, A scanned instead of packed: with amx (set by
-                                 // Bf16Setup) all but a partial last row block (AmxA); else the direct path's
-                                 // vdpbf16ps tiles (set by Bf16FusedDirect)
-  std::atomic<bool> hit{false};  // packing saw a subnormal bf16 value
+  bool row_a = false;  // the tiles read row-major A in place, A scanned instead of packed: with amx (set by
+                       // Bf16Setup) all but a partial last row block (AmxA); else the direct path's
+                       // vdpbf16ps tiles (set by Bf16FusedDirect)
+  // The smallest nonzero magnitudes packing or scanning saw (Bf16TilesExact).
+  std::atomic<uint16_t> min_a{kNoMagnitude}, min_b{kNoMagnitude};
+  void NoteA(uint16_t mag) { AtomicMinU16(min_a, mag); }
+  void NoteB(uint16_t mag) { AtomicMinU16(min_b, mag); }
+  // FusedSchedule's interface: the tiles must not run (D stays untouched).
+  bool Stopped() const {
+    return !Bf16TilesExact(min_a.load(std::memory_order_relaxed), min_b.load(std::memory_order_relaxed));
+  }
 };
 
-// Whether n bf16 values hold a subnormal (vdpbf16ps would read it as 0).
-// Only called where CpuHasBf16Dot() (so AVX512-BW) holds. A value is
-// subnormal iff its magnitude bits e = h & 0x7FFF satisfy 0 < e < 0x80, i.e.
-// (e - 1) < 0x7F unsigned; 32 values per compare, exits at the first 4 KiB
-// block with a hit.
-__attribute__((target("avx512f,avx512bw"))) bool AnySubnormalBf16(const void* p, int64_t n) {
+// GCC 12 reports the undefined pass-through operands of the shuffle and
+// extract intrinsics as uninitialized (a false positive).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+// Per lane: the magnitude bits of a nonzero bf16, kNoMagnitude for +-0
+// (the vector NonzeroMagnitude; min-reduced by MinLane).
+__attribute__((target("avx512f,avx512bw"))) inline __m512i NonzeroMagnitude32(__m512i v) {
+  const __m512i mag = _mm512_and_si512(v, _mm512_set1_epi16(0x7FFF));
+  return _mm512_mask_mov_epi16(mag, _mm512_cmpeq_epi16_mask(mag, _mm512_setzero_si512()), _mm512_set1_epi16(-1));
+}
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m256i NonzeroMagnitude16(__m256i v) {
+  const __m256i mag = _mm256_and_si256(v, _mm256_set1_epi16(0x7FFF));
+  return _mm256_mask_mov_epi16(mag, _mm256_cmpeq_epi16_mask(mag, _mm256_setzero_si256()), _mm256_set1_epi16(-1));
+}
+__attribute__((target("avx2"))) inline uint16_t MinLane(__m256i v) {
+  const __m128i m = _mm_min_epu16(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  return uint16_t(_mm_cvtsi128_si32(_mm_minpos_epu16(m)));
+}
+__attribute__((target("avx512f,avx512bw"))) inline uint16_t MinLane(__m512i v) {
+  return MinLane(_mm256_min_epu16(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1)));
+}
+
+// The smallest nonzero magnitude among n bf16 values (kNoMagnitude: none).
+// Only called where CpuHasBf16Dot() (so AVX512-BW) holds. 32 values per
+// step; exits at the first 4 KiB block holding a subnormal (magnitude below
+// 0x80: the tiles cannot take the call whatever the other operand holds).
+__attribute__((target("avx512f,avx512bw"))) uint16_t MinMagnitudeBf16(const void* p, int64_t n) {
   const auto* h = static_cast<const uint16_t*>(p);
-  const __m512i mag = _mm512_set1_epi16(0x7FFF), one = _mm512_set1_epi16(1), lim = _mm512_set1_epi16(0x7F);
+  __m512i lo = _mm512_set1_epi16(-1);
   int64_t i = 0;
   constexpr int64_t kBlock = 2048;  // values per early-exit check
   for (; i + kBlock <= n; i += kBlock) {
-    __mmask32 any = 0;
-    for (int64_t j = i; j < i + kBlock; j += 32) {
-      const __m512i e = _mm512_and_si512(_mm512_loadu_si512(h + j), mag);
-      any |= _mm512_cmplt_epu16_mask(_mm512_sub_epi16(e, one), lim);
-    }
-    if (any) return true;
+    for (int64_t j = i; j < i + kBlock; j += 32)
+      lo = _mm512_min_epu16(lo, NonzeroMagnitude32(_mm512_loadu_si512(h + j)));
+    if (_mm512_cmplt_epu16_mask(lo, _mm512_set1_epi16(0x80))) return MinLane(lo);
   }
-  bool any = false;
-  for (; i < n; ++i) any |= IsSubnormalBf16(h[i]);
-  return any;
+  uint16_t m = MinLane(lo);
+  for (; i < n; ++i) m = std::min(m, NonzeroMagnitude(h[i]));
+  return m;
 }
+#pragma GCC diagnostic pop
 
 // Element (i, kk) of op(A) and (kk, j) of op(B) as bf16 bits; 0 outside.
 uint16_t ElemA(const Bf16Job& g, int64_t i, int64_t kk) {
@@ -521,16 +569,6 @@ uint16_t ElemB(const Bf16Job& g, int64_t kk, int64_t j) {
 
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-// Subnormal bf16 lanes of v (see AnySubnormalBf16).
-__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __mmask16 Subnormal16(__m256i v) {
-  const __m256i e = _mm256_and_si256(v, _mm256_set1_epi16(0x7FFF));
-  return _mm256_cmplt_epu16_mask(_mm256_sub_epi16(e, _mm256_set1_epi16(1)), _mm256_set1_epi16(0x7F));
-}
-__attribute__((target("avx512f,avx512bw"))) inline __mmask32 Subnormal32(__m512i v) {
-  const __m512i e = _mm512_and_si512(v, _mm512_set1_epi16(0x7FFF));
-  return _mm512_cmplt_epu16_mask(_mm512_sub_epi16(e, _mm512_set1_epi16(1)), _mm512_set1_epi16(0x7F));
-}
-
 // In place: r[q] becomes column q of the 8 x 8 block of 32-bit values whose
 // row i is r[i] (AVX2 unpacks and lane permutes).
 __attribute__((target("avx2"))) inline void Transpose8x8Epi32(__m256i r[8]) {
@@ -551,47 +589,48 @@ __attribute__((target("avx2"))) inline void Transpose8x8Epi32(__m256i r[8]) {
 
 // Eight rows of K-contiguous bf16 (row i at a + i * k), pairs [0, full_p):
 // 8 rows x 8 pairs at a time, an 8 x 8 transpose of 32-bit pairs (AVX2);
-// pair p of row i goes to dst[p * ld + i]. The loaded rows are checked for
-// subnormals on the way. Returns the first pair not packed. Packs a full
-// 8-row block of A (no transa, ld = kMR) and 8 columns of a B panel (transb,
-// ld = kNR).
+// pair p of row i goes to dst[p * ld + i]. The smallest nonzero magnitude of
+// the loaded rows is folded into *min_mag on the way. Returns the first pair
+// not packed. Packs a full 8-row block of A (no transa, ld = kMR) and 8
+// columns of a B panel (transb, ld = kNR).
 __attribute__((target("avx2,avx512f,avx512bw,avx512vl"))) int64_t PackRows8(const uint16_t* a, int64_t k,
                                                                             int64_t full_p, uint32_t* dst, int64_t ld,
-                                                                            bool* hit) {
-  __mmask16 any = 0;
+                                                                            uint16_t* min_mag) {
+  __m256i lo = _mm256_set1_epi16(-1);
   int64_t p = 0;
   for (; p + 8 <= full_p; p += 8) {
     __m256i r[8];
     for (int i = 0; i < 8; ++i) {
       r[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i * k + 2 * p));
-      any |= Subnormal16(r[i]);
+      lo = _mm256_min_epu16(lo, NonzeroMagnitude16(r[i]));
     }
     Transpose8x8Epi32(r);
     for (int q = 0; q < 8; ++q) _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + (p + q) * ld), r[q]);
   }
-  if (any) *hit = true;
+  *min_mag = std::min(*min_mag, MinLane(lo));
   return p;
 }
 
-// Two rows of B (no transb), 32 columns, interleaved into 32 pairs; the rows
-// are checked for subnormals.
-__attribute__((target("avx512f,avx512bw"))) inline __mmask32 PackBPair32(const uint16_t* r0, const uint16_t* r1,
-                                                                         uint32_t* dst) {
+// Two rows of B (no transb), 32 columns, interleaved into 32 pairs; the
+// rows' nonzero magnitudes are min-folded into `mags` (per lane).
+__attribute__((target("avx512f,avx512bw"))) inline void PackBPair32(const uint16_t* r0, const uint16_t* r1,
+                                                                    uint32_t* dst, __m512i& mags) {
   const __m512i x0 = _mm512_loadu_si512(r0), x1 = _mm512_loadu_si512(r1);
   const __m512i lo = _mm512_unpacklo_epi16(x0, x1), hi = _mm512_unpackhi_epi16(x0, x1);
   _mm512_storeu_si512(dst, _mm512_permutex2var_epi64(lo, _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), hi));
   _mm512_storeu_si512(dst + 16, _mm512_permutex2var_epi64(lo, _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15), hi));
-  return Subnormal32(x0) | Subnormal32(x1);
+  mags = _mm512_min_epu16(mags, _mm512_min_epu16(NonzeroMagnitude32(x0), NonzeroMagnitude32(x1)));
 }
 #pragma GCC diagnostic pop
 
-// Packing checks what it packs for subnormals (g.hit): the vector paths on
-// the loaded rows, the others on the packed block while it is in cache. One
-// pass over A and B instead of a scan and a pack.
+// Packing records the smallest nonzero magnitude of what it packs
+// (g.NoteA / NoteB, for Bf16TilesExact): the vector paths on the loaded
+// rows, the others on the packed block while it is in cache. One pass over
+// A and B instead of a scan and a pack.
 void PackABody(void* ctx, int64_t begin, int64_t end) {
   auto& g = *static_cast<Bf16Job*>(ctx);
   const int64_t full_p = g.k / 2;  // pairs inside K
-  bool hit = false;
+  uint16_t mag = kNoMagnitude;
   for (int64_t blk = begin; blk < end; ++blk) {
     uint32_t* dst = g.ap + size_t(blk) * size_t(g.kp) * kMR;
     int64_t p0 = 0;
@@ -599,11 +638,11 @@ void PackABody(void* ctx, int64_t begin, int64_t end) {
     if ((blk + 1) * kMR <= g.m) {  // a full block
       if (!g.transa) {
         const uint16_t* a0 = g.a + blk * kMR * g.k;
-        const int64_t pv = PackRows8(a0, g.k, full_p, dst, kMR, &hit);
+        const int64_t pv = PackRows8(a0, g.k, full_p, dst, kMR, &mag);
         for (int r = 0; r < kMR; ++r) {
           const uint16_t* row = a0 + r * g.k;
           for (int64_t p = pv; p < full_p; ++p) std::memcpy(&dst[p * kMR + r], row + 2 * p, 4);
-          if (pv < full_p) hit |= AnySubnormalBf16(row + 2 * pv, 2 * (full_p - pv));
+          if (pv < full_p) mag = std::min(mag, MinMagnitudeBf16(row + 2 * pv, 2 * (full_p - pv)));
         }
         checked = g.kp == full_p;  // an odd K: the tail below is checked with the block
       } else {
@@ -619,9 +658,9 @@ void PackABody(void* ctx, int64_t begin, int64_t end) {
       for (int r = 0; r < kMR; ++r)
         dst[p * kMR + r] =
             uint32_t(ElemA(g, blk * kMR + r, 2 * p)) | (uint32_t(ElemA(g, blk * kMR + r, 2 * p + 1)) << 16);
-    if (!checked) hit |= AnySubnormalBf16(dst, g.kp * kMR * 2);
+    if (!checked) mag = std::min(mag, MinMagnitudeBf16(dst, g.kp * kMR * 2));
   }
-  if (hit) g.hit.store(true, std::memory_order_relaxed);
+  g.NoteA(mag);
 }
 
 // PackBBody packs an untransposed B in blocks of kBPackPairs row pairs: per
@@ -633,31 +672,34 @@ void PackABody(void* ctx, int64_t begin, int64_t end) {
 // 4096 x 1024: 0.36-0.41 -> 0.31-0.32 ms on two threads, 0.82 -> 0.69-0.70 on
 // one; bf16 512^3 0.156-0.160 -> 0.146-0.148 ms (docs/perf-gemm.md, session 32).
 constexpr int64_t kBPackPairs = 8;
+// The full panels [begin, full_end) of an untransposed B, kBPackPairs row
+// pairs at a time across all of them: each row's part is read in one
+// contiguous run (panel by panel over the whole of K, each 64-byte piece of
+// a row was a separate page visit: row strides are often 4 KiB). Returns the
+// smallest nonzero magnitude packed.
+__attribute__((target("avx512f,avx512bw"))) uint16_t PackBFullPanels(const Bf16Job& g, int64_t begin,
+                                                                     int64_t full_end) {
+  const int64_t full_p = g.k / 2;
+  __m512i mags = _mm512_set1_epi16(-1);
+  for (int64_t p0 = 0; p0 < full_p && begin < full_end; p0 += kBPackPairs) {
+    const int64_t p1 = std::min(full_p, p0 + kBPackPairs);
+    for (int64_t pan = begin; pan < full_end; ++pan) {
+      for (int64_t p = p0; p < p1; ++p) {
+        const uint16_t* r0 = g.b + 2 * p * g.n + pan * kNR;
+        const uint16_t* ahead = r0 + (p + kBPackPairs < full_p ? 2 * kBPackPairs * g.n : 0);
+        _mm_prefetch(reinterpret_cast<const char*>(ahead), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + g.n), _MM_HINT_T0);
+        PackBPair32(r0, r0 + g.n, g.bp + (size_t(pan) * size_t(g.kpa) + size_t(p)) * kNR, mags);
+      }
+    }
+  }
+  return MinLane(mags);
+}
 void PackBBody(void* ctx, int64_t begin, int64_t end) {
   auto& g = *static_cast<Bf16Job*>(ctx);
   const int64_t full_p = g.k / 2;
-  bool hit = false;
-  if (!g.transb) {
-    // The full panels of the range, kBPackPairs row pairs at a time across
-    // all of them: each row's part is read in one contiguous run (panel by
-    // panel over the whole of K, each 64-byte piece of a row was a separate
-    // page visit: row strides are often 4 KiB).
-    const int64_t full_end = std::min(end, g.n / kNR);
-    __mmask32 any = 0;
-    for (int64_t p0 = 0; p0 < full_p && begin < full_end; p0 += kBPackPairs) {
-      const int64_t p1 = std::min(full_p, p0 + kBPackPairs);
-      for (int64_t pan = begin; pan < full_end; ++pan) {
-        for (int64_t p = p0; p < p1; ++p) {
-          const uint16_t* r0 = g.b + 2 * p * g.n + pan * kNR;
-          const uint16_t* ahead = r0 + (p + kBPackPairs < full_p ? 2 * kBPackPairs * g.n : 0);
-          _mm_prefetch(reinterpret_cast<const char*>(ahead), _MM_HINT_T0);
-          _mm_prefetch(reinterpret_cast<const char*>(ahead + g.n), _MM_HINT_T0);
-          any |= PackBPair32(r0, r0 + g.n, g.bp + (size_t(pan) * size_t(g.kpa) + size_t(p)) * kNR);
-        }
-      }
-    }
-    hit |= any != 0;
-  }
+  uint16_t mag = kNoMagnitude;
+  if (!g.transb) mag = PackBFullPanels(g, begin, std::min(end, g.n / kNR));
   for (int64_t pan = begin; pan < end; ++pan) {
     uint32_t* dst = g.bp + size_t(pan) * size_t(g.kpa) * kNR;
     int64_t p0 = 0;
@@ -668,11 +710,11 @@ void PackBBody(void* ctx, int64_t begin, int64_t end) {
       } else {  // B is [N, K]: column j of op(B) is row j, K contiguous
         for (int j0 = 0; j0 < kNR; j0 += 8) {
           const uint16_t* b0 = g.b + (pan * kNR + j0) * g.k;
-          const int64_t pv = PackRows8(b0, g.k, full_p, dst + j0, kNR, &hit);
+          const int64_t pv = PackRows8(b0, g.k, full_p, dst + j0, kNR, &mag);
           for (int j = 0; j < 8; ++j) {
             const uint16_t* col = b0 + j * g.k;
             for (int64_t p = pv; p < full_p; ++p) std::memcpy(&dst[p * kNR + j0 + j], col + 2 * p, 4);
-            if (pv < full_p) hit |= AnySubnormalBf16(col + 2 * pv, 2 * (full_p - pv));
+            if (pv < full_p) mag = std::min(mag, MinMagnitudeBf16(col + 2 * pv, 2 * (full_p - pv)));
           }
         }
         checked = g.kp == full_p;
@@ -684,9 +726,9 @@ void PackBBody(void* ctx, int64_t begin, int64_t end) {
       for (int j = 0; j < kNR; ++j)
         dst[p * kNR + j] =
             uint32_t(ElemB(g, 2 * p, pan * kNR + j)) | (uint32_t(ElemB(g, 2 * p + 1, pan * kNR + j)) << 16);
-    if (!checked) hit |= AnySubnormalBf16(dst, g.kpa * kNR * 2);
+    if (!checked) mag = std::min(mag, MinMagnitudeBf16(dst, g.kpa * kNR * 2));
   }
-  if (hit) g.hit.store(true, std::memory_order_relaxed);
+  g.NoteB(mag);
 }
 
 // AMX packing of op(A): per block of kAmxRows rows and per K step of
@@ -699,13 +741,13 @@ __attribute__((target("avx512f,avx512bw"))) void PackAAmxBody(void* ctx, int64_t
   auto& g = *static_cast<Bf16Job*>(ctx);
   const int64_t chunks = g.kpa / kAmxPairs;
   constexpr int64_t kChunkWords = int64_t(kAmxRows) * kAmxPairs;
-  bool hit = false;
+  uint16_t mag = kNoMagnitude;
   for (int64_t blk = begin; blk < end; ++blk) {
     uint32_t* dst = g.ap + size_t(blk) * size_t(g.kpa) * kAmxRows;
     const int64_t i0 = blk * kAmxRows;
     const int rows = int(std::min<int64_t>(kAmxRows, g.m - i0));
     if (!g.transa) {
-      __mmask32 any = 0;
+      __m512i mags = _mm512_set1_epi16(-1);
       for (int r = 0; r < kAmxRows; ++r) {
         const uint16_t* row = g.a + (i0 + r) * g.k;
         for (int64_t c = 0; c < chunks; ++c) {
@@ -718,12 +760,12 @@ __attribute__((target("avx512f,avx512bw"))) void PackAAmxBody(void* ctx, int64_t
             // row's end; a prefetch past A's end is harmless).
             _mm_prefetch(reinterpret_cast<const char*>(src) + 512, _MM_HINT_T0);
             v = _mm512_maskz_loadu_epi16(m, src);
-            any |= Subnormal32(v);
+            mags = _mm512_min_epu16(mags, NonzeroMagnitude32(v));
           }
           _mm512_storeu_si512(dst + c * kChunkWords + r * kAmxPairs, v);
         }
       }
-      hit |= any != 0;
+      mag = std::min(mag, MinLane(mags));
     } else {  // A is [K, M]: row i of op(A) is column i of A
       // Full blocks, whole steps: each K pair of the block's 32 columns
       // interleaved into 32 words (PackBPair32, which checks them), then the
@@ -731,17 +773,17 @@ __attribute__((target("avx512f,avx512bw"))) void PackAAmxBody(void* ctx, int64_t
       int64_t steps_done = 0;
       if (rows == kAmxRows) {
         alignas(64) uint32_t w[kAmxPairs * kAmxRows];
-        __mmask32 any = 0;
+        __m512i mags = _mm512_set1_epi16(-1);
         for (; 2 * kAmxPairs * (steps_done + 1) <= g.k; ++steps_done) {
           for (int p = 0; p < kAmxPairs; ++p) {
             const uint16_t* r0 = g.a + 2 * (steps_done * kAmxPairs + p) * g.m + i0;
-            any |= PackBPair32(r0, r0 + g.m, w + p * kAmxRows);
+            PackBPair32(r0, r0 + g.m, w + p * kAmxRows, mags);
           }
           for (int p0 = 0; p0 < kAmxPairs; p0 += 8)
             PackRows8(reinterpret_cast<const uint16_t*>(w + p0 * kAmxRows), 2 * kAmxRows, kAmxRows,
-                      dst + steps_done * kChunkWords + p0, kAmxPairs, &hit);
+                      dst + steps_done * kChunkWords + p0, kAmxPairs, &mag);
         }
-        hit |= any != 0;
+        mag = std::min(mag, MinLane(mags));
       }
       // The rest (a partial block, the last partial step): zeros, then
       // element by element, checked after.
@@ -755,11 +797,11 @@ __attribute__((target("avx512f,avx512bw"))) void PackAAmxBody(void* ctx, int64_t
           uint16_t* out = d16 + (kk / (2 * kAmxPairs)) * kChunkWords * 2 + kk % (2 * kAmxPairs);
           for (int r = 0; r < rows; ++r) out[r * 2 * kAmxPairs] = src[r];
         }
-        hit |= AnySubnormalBf16(rest, rest_words * 2);
+        mag = std::min(mag, MinMagnitudeBf16(rest, rest_words * 2));
       }
     }
   }
-  if (hit) g.hit.store(true, std::memory_order_relaxed);
+  g.NoteA(mag);
 }
 #pragma GCC diagnostic pop
 
@@ -1227,7 +1269,7 @@ void PackABlocks(Bf16Job& g, int64_t begin, int64_t end) {
   if (g.row_a) {
     const int64_t in_place_end = g.amx ? std::min(end, g.m / kAmxRows) : end;
     const int64_t r0 = begin * g.mr, r1 = std::min(g.m, in_place_end * g.mr);
-    if (r0 < r1 && AnySubnormalBf16(g.a + r0 * g.k, (r1 - r0) * g.k)) g.hit.store(true, std::memory_order_relaxed);
+    if (r0 < r1) g.NoteA(MinMagnitudeBf16(g.a + r0 * g.k, (r1 - r0) * g.k));
     if (end > in_place_end) PackAAmxBody(&g, std::max(begin, in_place_end), end);
   } else if (g.amx) {
     PackAAmxBody(&g, begin, end);
@@ -1298,24 +1340,28 @@ void Bf16DirectBody(void* ctx, int64_t begin, int64_t end) {
   }
 }
 
-// The scan of A and B over the host pool: chunks of kScanChunk values, a hit
-// in any chunk sets `hit` (later chunks then skip their work).
+// The scan of A and B over the host pool: chunks of kScanChunk values, each
+// folding its smallest nonzero magnitude into min_a or min_b (once the
+// tiles are ruled out, later chunks skip their work).
 constexpr int64_t kScanChunk = int64_t(1) << 18;
 struct ScanCtx {
   const uint16_t* a;
   int64_t na;
   const uint16_t* b;
   int64_t nb;
-  std::atomic<bool> hit{false};
+  std::atomic<uint16_t> min_a{kNoMagnitude}, min_b{kNoMagnitude};
+  bool Exact() const {
+    return Bf16TilesExact(min_a.load(std::memory_order_relaxed), min_b.load(std::memory_order_relaxed));
+  }
 };
 void ScanBody(void* ctx, int64_t begin, int64_t end) {
   auto& s = *static_cast<ScanCtx*>(ctx);
   const int64_t a_chunks = (s.na + kScanChunk - 1) / kScanChunk;
-  for (int64_t c = begin; c < end && !s.hit.load(std::memory_order_relaxed); ++c) {
+  for (int64_t c = begin; c < end && s.Exact(); ++c) {
     const bool in_a = c < a_chunks;
     const uint16_t* p = in_a ? s.a : s.b;
     const int64_t n = in_a ? s.na : s.nb, i0 = (in_a ? c : c - a_chunks) * kScanChunk;
-    if (AnySubnormalBf16(p + i0, std::min(kScanChunk, n - i0))) s.hit.store(true, std::memory_order_relaxed);
+    AtomicMinU16(in_a ? s.min_a : s.min_b, MinMagnitudeBf16(p + i0, std::min(kScanChunk, n - i0)));
   }
 }
 
@@ -1378,15 +1424,15 @@ void SetDirectOutput(Bf16Job& g, uint16_t* out16, const float* bias, bool gelu, 
   g.native_bf16 = gelu && UseBf16NativeStore();
 }
 
-// Packs op(A) and op(B) into `packed`; true when they hold a subnormal bf16
-// value (the packed panels are then unusable: vdpbf16ps reads it as 0).
+// Packs op(A) and op(B) into `packed`; true when the bf16 tiles cannot take
+// them (Bf16TilesExact: a subnormal input, or products that could be).
 bool Bf16Pack(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* a, const void* b,
               std::vector<uint32_t>& packed, bool amx) {
   Bf16Job g;
   Bf16Setup(g, ta, tb, m, n, k, a, b, packed, amx);
   f->host->parallel_for(g.m_blocks, 1, PackAAnyBody, &g);
   f->host->parallel_for(g.n_panels, 1, PackBBody, &g);
-  return g.hit.load();
+  return g.Stopped();
 }
 
 // c = alpha * op(A) op(B) + beta * c with bf16 A, B (no subnormals); packed
@@ -1424,8 +1470,8 @@ void Bf16Gemm(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int64_t n, 
 // imbalance, not a whole column group. A tile's sums do not depend on which
 // thread computes it (K is summed in registers in one fixed order), so D is
 // the same for any schedule and thread count.
-// A Job for FusedSchedule has n_groups, m_supers and an atomic<bool> hit
-// (set by packing to stop before any tile), and the overloads
+// A Job for FusedSchedule has n_groups, m_supers and Stopped() (true after
+// packing when the tiles must not run), and the overloads
 // FusedPackB(job, group), FusedPackA(job, super) and FusedRun(job, group, super).
 template <class Job>
 struct FusedCtx {
@@ -1463,7 +1509,7 @@ void FusedScheduleBody(void* ctx, int64_t begin, int64_t end) {
         std::this_thread::yield();  // the packer was preempted (a loaded machine)
       }
     }
-    if (g.hit.load(std::memory_order_relaxed)) return;
+    if (g.Stopped()) return;
     for (int64_t v = t; v < ng; v += x.parts) run_group(v);
     for (int64_t i = 1; i <= ng; ++i) run_group((t + i) % ng);
   }
@@ -1506,7 +1552,7 @@ bool Bf16FusedDirect(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int6
   SetDirectOutput(g, out16, bias, gelu, pre16);
   if (!amx) g.row_a = !ta && k % 2 == 0 && reinterpret_cast<uintptr_t>(a) % 4 == 0;  // amx: Bf16Setup
   FusedSchedule(f, g, groups);
-  const bool ran = !g.hit.load();
+  const bool ran = !g.Stopped();
   if (ran && amx) CountPortablePathRun(PortablePath::kGemmAmx);
   return ran;
 }
@@ -1582,10 +1628,10 @@ struct F32Job {
   float alpha, beta;
   float* c;  // [M, N]
   int64_t m_blocks, n_panels, m_supers, n_groups;
-  int64_t gp, sb;                // panels per column group, row blocks per row super
-  bool stream = false;           // D by non-temporal stores (kF32StreamBytes)
-  bool a_in_place = false;       // the tiles read full row blocks of A where it is (kF32InPlaceMaxK)
-  std::atomic<bool> hit{false};  // FusedSchedule's interface; packing fp32 never fails
+  int64_t gp, sb;                         // panels per column group, row blocks per row super
+  bool stream = false;                    // D by non-temporal stores (kF32StreamBytes)
+  bool a_in_place = false;                // the tiles read full row blocks of A where it is (kF32InPlaceMaxK)
+  bool Stopped() const { return false; }  // FusedSchedule's interface; packing fp32 never fails
 };
 
 // dst[q * ldd + i] = src[i * lds + q] for an 8 x 8 block (AVX).
@@ -2013,7 +2059,7 @@ bool UseBf16Path(const tefl_call_frame* f, DType ta, DType tb, int64_t m, int64_
   sc.nb = groups * k * n;
   f->host->parallel_for((sc.na + kScanChunk - 1) / kScanChunk + (sc.nb + kScanChunk - 1) / kScanChunk, 1, ScanBody,
                         &sc);
-  return !sc.hit.load();
+  return sc.Exact();
 }
 
 // ---- one generic GEMM of raw operands: generic_gemm, or one group ------------------
