@@ -674,6 +674,38 @@ TEST(GemmConformanceSpecial, SubnormalProductsOfNormalInputsAreExact) {
   }
 }
 
+// FP8 scale_inv far from 1: default.portable folds alpha * sa * sb into one
+// factor where that is an fp32 normal; where it over- or underflows fp32
+// (here 2^140 and 2^-160) while q * scale_inv per operand does not, the
+// result must still be the maths' (reference.cpp, in double): finite and
+// nonzero.
+TEST(GemmConformanceSpecial, Fp8ScalesWhoseProductLeavesFp32) {
+  struct Case {
+    double q, s;  // every code of A and B, both scale_inv
+    const char* what;
+  };
+  const Case cases[] = {{std::ldexp(1.0, -9), std::ldexp(1.0, 70), "sa * sb = 2^140"},
+                        {448.0, std::ldexp(1.0, -60), "sa * sb = 2^-120"},
+                        {448.0, std::ldexp(1.0, -75), "sa * sb = 2^-150"}};
+  for (const Case& c : cases)
+    for (const Shape& sh : {Shape{1, 1, 1}, Shape{40, 33, 24}}) {
+      SCOPED_TRACE(fmt::format("{} {}x{}x{}", c.what, sh.m, sh.n, sh.k));
+      Problem p = MakeGemm({DType::kE4M3, DType::kE4M3, DType::kF32}, kEpilogues[0], sh.m, sh.n, sh.k, false, false,
+                           "fp8scale", false);
+      p.in[kA]->Fill(c.q);
+      p.in[kB]->Fill(c.q);
+      p.in[kAScaleInv] = Scalar1(c.s);
+      p.in[kBScaleInv] = Scalar1(c.s);
+      Problem ref = p;
+      ASSERT_TRUE(p.Run("default.portable").ok());
+      ASSERT_TRUE(ref.Run(kReference).ok());
+      const double want = ref.out[kD]->at(0), got = p.out[kD]->at(0);
+      ASSERT_TRUE(std::isfinite(want) && want != 0.0) << want;
+      EXPECT_NEAR(got, want, std::fabs(want) * 1e-6 + std::ldexp(1.0, -149) * double(sh.k)) << "D[0]";
+      EXPECT_EQ(p.out[kD]->at(sh.m * sh.n - 1), got) << "every entry is the same sum";
+    }
+}
+
 // bf16 A, B and D with no C, GELU or amax: default.portable packs and runs
 // the tiles in one fork-join and, for an untransposed A with even K, reads A
 // in place (no packing; the last row block re-reads its last row). Partial

@@ -33,6 +33,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -398,6 +399,9 @@ const float* AsF32(const tefl_call_frame* f, const void* src, DType t, int64_t n
   ConvertCtx c{src, t, buf.data(), n};
   f->host->parallel_for((n + kConvertChunk - 1) / kConvertChunk, 1, ConvertBody, &c);
   return buf.data();
+}
+void ScaleInPlace(float* x, int64_t n, float scale) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= scale;
 }
 
 // ---- OpenBLAS under one lock, with tefl's thread count ------------------------
@@ -2140,6 +2144,19 @@ void Execute(const tefl_call_frame* f, const OneGemm& o, OnePlan p, Workspace& w
   }
   const float* a32 = p.bf16 ? nullptr : AsF32(f, o.a, o.ta, o.m * o.k, ws.a);
   const float* b32 = p.bf16 ? nullptr : AsF32(f, o.b, o.tb, o.k * o.n, ws.b);
+  // FP8 scale_inv: alpha * sa * sb is folded into alpha (one multiply per
+  // element of D) when it is an fp32 normal or 0. Where it over- or
+  // underflows fp32 and q * scale_inv per operand does not (scales far from
+  // 1), each decoded operand is scaled instead, as the maths states (q *
+  // scale_inv in fp32); FP8 operands are decoded into ws, so that is free to
+  // write.
+  const double fold = double(o.alpha) * o.sa * o.sb;
+  const bool fold_ok = fold == 0.0 || (std::fabs(fold) >= double(FLT_MIN) && std::fabs(fold) <= double(FLT_MAX));
+  const bool scale_operands = !p.bf16 && o.alpha != 0.0f && !fold_ok;
+  if (scale_operands) {
+    if (o.sa != 1.0f && IsFp8(o.ta)) ScaleInPlace(ws.a.data(), o.m * o.k, o.sa);
+    if (o.sb != 1.0f && IsFp8(o.tb)) ScaleInPlace(ws.b.data(), o.k * o.n, o.sb);
+  }
   const float* bias32 = o.bias ? AsF32(f, o.bias, o.tbias, o.n, ws.bias) : nullptr;
   double* sums = o.bias_grad ? ws.sums.data() : nullptr;
   if (sums) std::fill_n(sums, size_t(dgelu ? o.n : o.m), 0.0);
@@ -2159,7 +2176,7 @@ void Execute(const tefl_call_frame* f, const OneGemm& o, OnePlan p, Workspace& w
   g.prepacked = prepacked;
   g.amx = p.amx;
   // alpha = 0 means "no product" to BLAS; keep it so when the scales are 0 too.
-  g.alpha = o.alpha == 0.0f ? 0.0f : o.alpha * o.sa * o.sb;
+  g.alpha = o.alpha == 0.0f ? 0.0f : scale_operands ? o.alpha : float(fold);
   g.beta = o.beta;
   g.c = o.c;
   g.tc = o.tc;
