@@ -569,6 +569,28 @@ TEST(GemmConformanceSpecial, NanAndInfPropagate) {
     }
 }
 
+// d_amax is NaN when any element of D is NaN (as quantize's amax), on every
+// implementation and path: a NaN in the first row of A, then rows whose |D|
+// is far larger (the max must not drop the NaN for them), and a NaN in the
+// last row only; fp32 and FP8 D, fp32 and bf16 operands (32^3 and more: the
+// bf16 tiles then the epilogue pass), one and several threads' rows.
+TEST(GemmConformanceSpecial, NanInDGivesNanAmax) {
+  const int64_t m = 300, n = 40, k = 64;
+  for (DType t : {DType::kF32, DType::kBF16})
+    for (DType td : {DType::kF32, DType::kE4M3})
+      for (int64_t nan_row : {int64_t(0), m - 1})
+        for (const char* impl : {"default.portable", kReference}) {
+          SCOPED_TRACE(
+              fmt::format("{} x {} -> {}, NaN in row {} of A, {}", Short(t), Short(t), Short(td), nan_row, impl));
+          Problem p = MakeGemm({t, t, td}, kEpilogues[0], m, n, k, false, false, "nanamax", false);
+          for (int64_t i = 1; i < m; ++i) p.in[kA]->set(i * k, 1e30);  // |D| ~ 1e30 in rows after the first
+          p.in[kA]->set(nan_row * k + 5, std::nan(""));
+          p.out[kDAmax] = Sentinel(DType::kF32, {1});
+          ASSERT_TRUE(p.Run(impl).ok());
+          EXPECT_TRUE(std::isnan(p.out[kDAmax]->at(0))) << "d_amax = " << p.out[kDAmax]->at(0);
+        }
+}
+
 // bf16 subnormal inputs count (the vdpbf16ps path would read them as 0, so
 // default.portable falls back to the exact path when it sees one).
 TEST(GemmConformanceSpecial, SubnormalBf16Inputs) {

@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -122,7 +123,7 @@ HWY_INLINE void StoreAny(V v, D d, void* base, DType t, size_t j) {
 }
 
 // One row of the epilogue, in one pass: v = row + bias; pre_gelu_out = v;
-// v = gelu(v); amax = max(amax, |v|) (NaN ignored); out = v rounded to td
+// v = gelu(v); amax = max(amax, |v|) (NaN when any v is NaN); out = v rounded to td
 // (FP8 D: the row keeps v, converted by the caller). dgelu (gelu with grad):
 // v = row * gelu'(pre), pre read, and the row keeps v (for bias_grad).
 HWY_NOINLINE void EpilogueRow(float* HWY_RESTRICT row, size_t n, const float* HWY_RESTRICT bias, bool gelu, bool dgelu,
@@ -144,11 +145,13 @@ HWY_NOINLINE void EpilogueRow(float* HWY_RESTRICT row, size_t n, const float* HW
     }
     if (amax) {
       const V av = hn::Abs(v);
-      vmax = hn::IfThenElse(hn::Gt(av, vmax), av, vmax);  // false for NaN
+      vmax = hn::IfThenElse(hn::Or(hn::Gt(av, vmax), hn::IsNaN(av)), av, vmax);  // a NaN lane stays NaN
     }
     StoreAny(v, d, fp8 ? static_cast<void*>(row) : out, fp8 ? DType::kF32 : td, j);
   }
-  float m = amax ? hn::GetLane(hn::MaxOfLanes(d, vmax)) : 0.0f;
+  float m = !amax                              ? 0.0f
+            : hn::AllFalse(d, hn::IsNaN(vmax)) ? hn::GetLane(hn::MaxOfLanes(d, vmax))
+                                               : std::numeric_limits<float>::quiet_NaN();
   for (; j < n; ++j) {
     float v = row[j];
     if (bias) v += bias[j];
@@ -159,7 +162,7 @@ HWY_NOINLINE void EpilogueRow(float* HWY_RESTRICT row, size_t n, const float* HW
       if (pre) StoreFromFloat(pre, int64_t(j), tpre, v);
       v = GeluScalar(v);
     }
-    if (std::fabs(v) > m) m = std::fabs(v);
+    if (!std::isnan(m) && (std::isnan(v) || std::fabs(v) > m)) m = std::fabs(v);
     if (fp8)
       row[j] = v;
     else
@@ -1974,7 +1977,7 @@ void EpilogueBody(void* ctx, int64_t begin, int64_t end) {
     HWY_DYNAMIC_DISPATCH(EpilogueRow)
     (row, n, g.bias, g.gelu, g.dgelu, g.pre ? static_cast<char*>(g.pre) + size_t(r) * n * ElemSize(g.tpre) : nullptr,
      g.tpre, g.amax ? &row_amax : nullptr, static_cast<char*>(g.d) + size_t(r) * n * ElemSize(g.td), g.td);
-    amax = row_amax > amax ? row_amax : amax;
+    if (!std::isnan(amax) && (std::isnan(row_amax) || row_amax > amax)) amax = row_amax;
     if (fp8) FromF32(row, g.td, static_cast<char*>(g.d) + size_t(r) * n, int64_t(n), g.d_scale);
   }
   if (g.amax) AtomicMax(g.amax, amax);

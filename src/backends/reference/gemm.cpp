@@ -8,8 +8,8 @@
 // Cterm = C, or D's prior content with accumulate. BLAS conventions, which
 // the fast implementations inherit from sgemm: alpha = 0 skips the product
 // and beta = 0 skips Cterm (NaN there does not propagate). FP8 D stores
-// fp8(D * d_scale); d_amax = max |D| before scaling (NaN ignored, as TE's
-// amax reduction). grad: bias_grad[m] = sum_k op(A)[m, k]. gelu with grad
+// fp8(D * d_scale); d_amax = max |D| before scaling (NaN when any D is NaN,
+// as quantize's amax: TE's reduction skips NaN). grad: bias_grad[m] = sum_k op(A)[m, k]. gelu with grad
 // (TE's DGELU epilogue): pre_gelu_out is an input P and
 //   D = pre * dgelu(P),   bias_grad[n] = sum_m D[m, n] (before FP8 scaling)
 // with dgelu the derivative of gelu_tanh (spec/ops.md, Activations).
@@ -87,7 +87,8 @@ void Run(const Gemm& g) {
         if (g.pre_gelu.data) g.pre_gelu.set(e, pre);
         out = GeluTanh(pre);
       }
-      if (g.amax && std::fabs(out) > *g.amax) *g.amax = std::fabs(out);  // false for NaN
+      if (g.amax && !std::isnan(*g.amax) && (std::isnan(out) || std::fabs(out) > *g.amax))
+        *g.amax = std::fabs(out);  // a NaN stays
       g.d.set(e, IsFp8(g.d.dtype) ? double(float(out) * float(g.d_scale)) : out);
     }
   }
