@@ -239,6 +239,32 @@ TEST(Cli, BadArgumentsGiveOneLine) {
   ExpectOneErrorLine(Tefl("check --plugin no_such_plugin_name"), "cannot load plugin 'no_such_plugin_name'", 1);
 }
 
+// Status 2 for every bad argument value: a shape or dtype the op cannot
+// take, an implementation id nobody registered (they gave 1).
+TEST(Cli, ValuesTheCommandCannotUseAreBadUsage) {
+  ExpectOneErrorLine(Tefl("explain fused_rope_forward --shape 4,2"),
+                     "no call of fused_rope_forward with dtype fp32 and shape 4,2 can be built (rope ops take --shape "
+                     "s,b,h,d (4 sizes))",
+                     2);
+  ExpectOneErrorLine(Tefl("explain fp8_transpose --dtype bf16"),
+                     "no call of fp8_transpose with dtype bf16 can be built (the op has no built-in call for it)", 2);
+  Result r = Tefl("bench --op gelu --impl banana --size 8 --min-time 0.01");
+  ExpectOneErrorLine(r, "unknown implementation 'banana' (registered: default.portable, reference.cpp", 2);
+  EXPECT_EQ(r.out, "") << "nothing is measured";
+  r = Tefl("check --impl banana");
+  ExpectOneErrorLine(r, "unknown implementation 'banana' (registered: default.portable, reference.cpp", 2);
+  EXPECT_EQ(r.out, "");
+  ExpectOneErrorLine(Tefl("check --impl default.portabel --op gelu"),
+                     "unknown implementation 'default.portabel'; did you mean 'default.portable'? (registered: ", 2);
+  // A plugin's ids count once it is loaded.
+  r = Tefl("check --impl vendor.testgod --plugin " + Plugin("testgood"));
+  ExpectOneErrorLine(r, "did you mean 'vendor.testgood'?", 2);
+  EXPECT_NE(r.err.find("vendor.testgood)"), std::string::npos) << r.err;
+  // Registered, but not for the ops selected: nothing to check (status 1).
+  ExpectOneErrorLine(Tefl("check --op gelu --impl vendor.testgood --plugin " + Plugin("testgood")),
+                     "no implementation 'vendor.testgood' is registered for the selected ops", 1);
+}
+
 TEST(Cli, ShapesAreParsedStrictly) {
   for (const char* bad :
        {"'8192 4096'", "8192,", "8192x", "+5,4", "-1,2", "5,4abc", "0y10", "' , '", "'[8,4'", "1e3", "''"}) {
@@ -251,6 +277,16 @@ TEST(Cli, ShapesAreParsedStrictly) {
   ExpectOneErrorLine(Tefl("explain gelu --shape 18446744073709551615"), "is larger than the largest size", 2);
   ExpectOneErrorLine(Tefl("explain gelu --shape 3,x"), "an empty size at character 3 (',' and 'x' both separate sizes)",
                      2);
+  // Forms that read two ways: "0x10" is hexadecimal as much as [0, 10]; a
+  // shape mixing both separators (it was read as [0, 10, 4]).
+  ExpectOneErrorLine(Tefl("explain gelu --shape 0x10,4"),
+                     "malformed shape '0x10,4': '0x' at character 1 reads as a hexadecimal prefix; sizes are decimal",
+                     2);
+  ExpectOneErrorLine(Tefl("explain gelu --shape 8,0X10"), "'0X' at character 3 reads as a hexadecimal prefix", 2);
+  ExpectOneErrorLine(Tefl("explain gelu --shape 2x8,16"),
+                     "malformed shape '2x8,16': it mixes ',' and 'x' as separators (use one of them)", 2);
+  EXPECT_EQ(Tefl("explain gelu --shape 10x0").code, 0) << "a size 0 after 'x' is no prefix";
+  EXPECT_EQ(Tefl("explain gelu --shape 0,10").code, 0);
   // The forms that are meant: commas, x, brackets, spaces around separators.
   for (const char* good : {"8,16", "8x16", "'[8, 16]'", "' 8 , 16 '"}) {
     const Result r = Tefl(fmt::format("explain gelu --shape {}", good));
@@ -359,7 +395,7 @@ TEST(Cli, CheckPassesTheBuiltins) {
   for (const auto& res : j["results"]) EXPECT_EQ(res["result"], "PASS") << res.dump();
 }
 
-// A --shape that a named op cannot take is an error (it printed "0 cases"
+// A --shape that a named op cannot take is bad usage (it printed "0 cases"
 // and exited 0), as in explain; over every op, the ops that cannot take it
 // are skipped, and none at all is an error naming each family's form.
 TEST(Cli, CheckRejectsAShapeTheOpCannotTake) {
@@ -367,12 +403,12 @@ TEST(Cli, CheckRejectsAShapeTheOpCannotTake) {
   ExpectOneErrorLine(r,
                      "no call of scaled_softmax_forward with shape 4,4 can be built (softmax ops take --shape "
                      "b,h,sq,sk (4 sizes))",
-                     1);
+                     2);
   EXPECT_EQ(r.out, "");
   r = Tefl("check --impl default.portable --op generic_gemm --op scaled_softmax_forward --shape 2,2,2");
-  ExpectOneErrorLine(r, "no call of generic_gemm with shape 2,2,2 can be built (gemm ops take --shape M,K", 1);
+  ExpectOneErrorLine(r, "no call of generic_gemm with shape 2,2,2 can be built (gemm ops take --shape M,K", 2);
   r = Tefl("check --impl default.portable --op scaled_softmax_forward --op rmsnorm_fwd --shape 3,17 --json");
-  ASSERT_EQ(r.code, 1) << r.err;  // softmax named: an error even though rmsnorm_fwd could run
+  ASSERT_EQ(r.code, 2) << r.err;  // softmax named: an error even though rmsnorm_fwd could run
   r = Tefl("check --impl default.portable --shape 2,2,4,4 --quiet");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("without a built-in grid"), std::string::npos) << r.out;
@@ -462,9 +498,9 @@ TEST(Cli, BenchMinTimeIsValidated) {
 }
 
 TEST(Cli, BenchFailsWhenARequestedRowCannotRun) {
-  // An implementation nobody registered: as `check` says it.
+  // An implementation nobody registered: bad usage, as `check` says it.
   Result r = Tefl("bench --op relu --size 8 --min-time 0.01 --impl nosuch.impl");
-  ExpectOneErrorLine(r, "no implementation 'nosuch.impl' is registered", 1);
+  ExpectOneErrorLine(r, "unknown implementation 'nosuch.impl'", 2);
   // Shapes the op cannot take: a row with the reason, then status 1.
   r = Tefl("bench --op fused_attn_fwd --size 64,64 --min-time 0.01");
   ExpectOneErrorLine(r, "fused_attn_fwd -: no call with dtype float32 and shape [64, 64] can be built", 1);
@@ -494,7 +530,7 @@ TEST(Cli, BenchGemmSizeIsMK) {
     const nlohmann::json j = r.Json();  // kept: a range-for over a temporary's member would dangle
     for (const auto& row : j["results"]) EXPECT_FALSE(row.contains("seconds")) << row.dump();
   }
-  ExpectOneErrorLine(Tefl("explain generic_gemm --shape 64"), "gemm ops take --shape M,K", 1);
+  ExpectOneErrorLine(Tefl("explain generic_gemm --shape 64"), "gemm ops take --shape M,K", 2);
   const Result r = Tefl("bench --op generic_gemm --size 64,32 --min-time 0.01 --impl default.portable --json");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.Json()["results"][0]["shape"], "[64, 32]");

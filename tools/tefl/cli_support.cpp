@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <set>
 #include <string_view>
 
 #include "core/logging.h"
@@ -52,8 +53,18 @@ std::vector<int64_t> ParseShape(const std::string& text) {
   } else if (!body.empty() && body.back() == ']') {
     fail("']' without an opening '['");
   }
+  // "0x10" reads as a hexadecimal number as much as the shape [0, 10].
+  for (size_t i = 0; i + 1 < body.size(); ++i) {
+    const bool field_start = i == 0 || !std::isdigit(static_cast<unsigned char>(body[i - 1]));
+    if (field_start && body[i] == '0' && (body[i + 1] == 'x' || body[i + 1] == 'X'))
+      fail(
+          fmt::format("'{}' at character {} reads as a hexadecimal prefix; sizes are decimal (a size 0 "
+                      "followed by another is written with a comma: 0,10)",
+                      body.substr(i, 2), i + 1));
+  }
   std::vector<int64_t> shape;
   int64_t elements = 1;
+  bool comma = false, times = false;  // which separators the shape uses
   bool overflow = false;
   size_t pos = 0;
   while (true) {
@@ -76,8 +87,10 @@ std::vector<int64_t> ParseShape(const std::string& text) {
     shape.push_back(v);
     if (!overflow && __builtin_mul_overflow(elements, v, &elements)) overflow = true;
     if (end == body.size()) break;
+    (body[end] == ',' ? comma : times) = true;
     pos = end + 1;
   }
+  if (comma && times) fail("it mixes ',' and 'x' as separators (use one of them)");
   if (overflow && std::find(shape.begin(), shape.end(), 0) == shape.end())
     throw UsageError(fmt::format("shape '{}' has too many elements: their number does not fit in 64 bits", text));
   return shape;
@@ -168,6 +181,25 @@ std::vector<const OpSchema*> RequireOps(const std::vector<std::string>& names) {
     if (std::find(ops.begin(), ops.end(), op) == ops.end()) ops.push_back(op);
   }
   return ops;
+}
+
+void RequireImplIds(const std::vector<std::string>& ids) {
+  std::set<std::string> known;
+  for (const OpSchema& op : AllOps())
+    if (op.name)
+      for (const OpImpl& impl : GetDefaultRegistry().GetImplementations(op.name)) known.insert(impl.impl_id);
+  for (const std::string& id : ids) {
+    if (known.count(id)) continue;
+    std::string list, best;
+    size_t best_d = ~size_t(0);
+    for (const std::string& k : known) {
+      list += (list.empty() ? "" : ", ") + k;
+      const size_t d = EditDistance(Lower(id), Lower(k));
+      if (d < best_d) best_d = d, best = k;
+    }
+    throw UsageError(fmt::format("unknown implementation '{}'{} (registered: {})", id,
+                                 best_d <= 4 ? "; did you mean '" + best + "'?" : std::string(), list));
+  }
 }
 
 std::vector<std::string> LoadPluginsOrThrow(const std::vector<std::string>& plugins) {

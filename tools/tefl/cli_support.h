@@ -40,8 +40,9 @@ void AddDemoCommand(CLI::App& app);
 // "bf16", "bfloat16", "fp32", "float32", "f16", ... Throws UsageError.
 DType ParseDType(const std::string& text);
 // Non-negative decimal sizes separated by commas: "8192,4096" (also
-// "8192x4096" and "[8192, 4096]"; spaces only around a separator). Every
-// size fits int64 and so does their product. Throws UsageError.
+// "8192x4096" and "[8192, 4096]"; spaces only around a separator; one kind
+// of separator; no "0x", which reads as hexadecimal). Every size fits int64
+// and so does their product. Throws UsageError.
 std::vector<int64_t> ParseShape(const std::string& text);
 // "cpu", "cuda", "rocm", ... or a DLDeviceType number 1..63. Throws UsageError.
 DLDeviceType ParseDevice(const std::string& text);
@@ -67,6 +68,10 @@ const OpSchema& RequireOp(const std::string& name);
 // op: `--op rope_fwd --op fused_rope_forward` runs it once); UsageError as
 // RequireOp for an unknown name.
 std::vector<const OpSchema*> RequireOps(const std::vector<std::string>& names);
+
+// Each id an implementation registered in the default registry (for any
+// op). Throws UsageError naming the closest registered id and listing them.
+void RequireImplIds(const std::vector<std::string>& ids);
 
 // Loads plugins (names or absolute paths) into the default registry after
 // initialising it; throws CliError with the loader's reason on failure.

@@ -170,13 +170,7 @@ void AddBenchCommand(CLI::App& app) {
         if (op.name) ops.push_back(&op);
     GetDefaultManager().EnsureInitialized();
     LoadPluginsOrThrow(args->plugins);
-    for (const std::string& id : args->impls) {
-      bool registered = false;
-      for (const OpSchema& op : AllOps())
-        for (const OpImpl& impl : op.name ? GetDefaultRegistry().GetImplementations(op.name) : std::vector<OpImpl>{})
-          registered = registered || impl.impl_id == id;
-      if (!registered) throw CliError(fmt::format("no implementation '{}' is registered", id));
-    }
+    RequireImplIds(args->impls);
 
     const double copy_bps = MeasureCopyBandwidth(min_time, CopyKind::kMemcpy);
     const double stream_bps = kHaveStreamingCopy ? MeasureCopyBandwidth(min_time, CopyKind::kStreaming) : 0;

@@ -44,6 +44,7 @@ void AddCheckCommand(CLI::App& app) {
     std::vector<const OpSchema*> ops = RequireOps(args->ops);
     GetDefaultManager().EnsureInitialized();
     const std::vector<std::string> plugin_paths = LoadPluginsOrThrow(args->plugins);
+    if (!args->impl.empty()) RequireImplIds({args->impl});
     if (ops.empty())
       for (const OpSchema& op : AllOps())
         if (op.name) ops.push_back(&op);
@@ -93,8 +94,8 @@ void AddCheckCommand(CLI::App& app) {
         // A shape the op cannot take is the caller's mistake when the op was
         // named (over every op, each one that cannot take it is skipped).
         if (o.shape && !args->ops.empty())
-          throw CliError(fmt::format("no call of {} with shape {} can be built ({} ops take --shape {})", it.op->name,
-                                     args->shape, it.op->family, ShapeForm(it.op->family)));
+          throw UsageError(fmt::format("no call of {} with shape {} can be built ({} ops take --shape {})", it.op->name,
+                                       args->shape, it.op->family, ShapeForm(it.op->family)));
         ++no_grid;
         continue;
       }
@@ -134,7 +135,7 @@ void AddCheckCommand(CLI::App& app) {
         const std::string form = fmt::format("{} ops take {}", it.op->family, ShapeForm(it.op->family));
         if (forms.find(form) == std::string::npos) forms += (forms.empty() ? "" : "; ") + form;
       }
-      throw CliError(fmt::format("no call with shape {} can be built for any selected op ({})", args->shape, forms));
+      throw UsageError(fmt::format("no call with shape {} can be built for any selected op ({})", args->shape, forms));
     }
     if (args->json) {
       nlohmann::json j;

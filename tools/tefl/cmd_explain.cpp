@@ -50,10 +50,10 @@ void AddExplainCommand(CLI::App& app) {
     LoadPluginsOrThrow(args->plugins);
     std::optional<check::Case> c = DefaultCase(op.name, o);
     if (!c)
-      throw CliError(fmt::format("no call of {} with dtype {}{} can be built ({})", op.name, args->dtype,
-                                 !o.shape ? "" : " and shape " + args->shape,
-                                 !o.shape ? "the op has no built-in call for it"
-                                          : fmt::format("{} ops take --shape {}", op.family, ShapeForm(op.family))));
+      throw UsageError(fmt::format("no call of {} with dtype {}{} can be built ({})", op.name, args->dtype,
+                                   !o.shape ? "" : " and shape " + args->shape,
+                                   !o.shape ? "the op has no built-in call for it"
+                                            : fmt::format("{} ops take --shape {}", op.family, ShapeForm(op.family))));
     std::vector<const DLTensor*> in = c->InputPtrs();
     std::vector<DLTensor*> out = c->OutputPtrs();
     std::vector<DLTensor> din, dout;
