@@ -414,6 +414,20 @@ TEST(Cli, CheckRejectsAShapeTheOpCannotTake) {
   EXPECT_NE(r.out.find("without a built-in grid"), std::string::npos) << r.out;
 }
 
+// Filters that leave no case to check fail (status 1) as filters that leave
+// no implementation do; they printed "0 passed, 0 failed" and exited 0.
+TEST(Cli, CheckFailsWhenTheFiltersLeaveNothing) {
+  Result r = Tefl("check --op compute_scale_from_amax --dtype bf16");
+  ExpectOneErrorLine(
+      r, "nothing to check: the built-in grid has no case with dtype bfloat16 of 'compute_scale_from_amax'", 1);
+  EXPECT_EQ(r.out, "");
+  r = Tefl("check --op compute_scale_from_amax --dtype bf16 --json");
+  ExpectOneErrorLine(r, "nothing to check", 1);
+  EXPECT_EQ(r.out, "");
+  ExpectOneErrorLine(Tefl("check --op gelu --device cuda"), "nothing to check: no implementation matches the filters",
+                     1);
+}
+
 TEST(Cli, CheckFailsAWrongImplementationAndNamesTheCase) {
   const Result r = Tefl("check --quiet --plugin " + Plugin("wrong"));
   EXPECT_EQ(r.code, 1);

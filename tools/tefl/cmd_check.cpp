@@ -2,7 +2,8 @@
 // the conformance suite a vendor runs on its plugin. Every (implementation,
 // op, dtype, shape) of the built-in grid runs on the implementation's device
 // through the device runtime and is compared with reference.cpp under
-// spec/ops.md's tolerances. Exit status 1 on any FAIL.
+// spec/ops.md's tolerances. Exit status 1 on any FAIL, and when the filters leave
+// nothing to check.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -136,6 +137,16 @@ void AddCheckCommand(CLI::App& app) {
         if (forms.find(form) == std::string::npos) forms += (forms.empty() ? "" : "; ") + form;
       }
       throw UsageError(fmt::format("no call with shape {} can be built for any selected op ({})", args->shape, forms));
+    }
+    // Filters that leave no case are an error like filters that leave no
+    // implementation: a CI run with a bad filter must not pass.
+    if (results.empty()) {
+      std::string names;
+      for (const Item& it : items)
+        if (names.find(fmt::format("'{}'", it.op->name)) == std::string::npos)
+          names += (names.empty() ? "" : ", ") + fmt::format("'{}'", it.op->name);
+      throw CliError(fmt::format("nothing to check: the built-in grid has no case{} of {}",
+                                 o.dtype ? fmt::format(" with dtype {}", DTypeName(*o.dtype)) : std::string(), names));
     }
     if (args->json) {
       nlohmann::json j;
