@@ -322,7 +322,13 @@ TEST(Cli, HugeShapesAreRejectedBeforeAllocating) {
   ExpectOneErrorLine(Tefl("bench --op gelu --size 9223372036854775807,2 --min-time 0.01"), "has too many elements", 2);
   // Bytes beyond any address space.
   ExpectOneErrorLine(Tefl("explain gelu --shape 99999999999999,1"),
-                     "cannot allocate a float32 tensor of shape [99999999999999, 1]", 1);
+                     "--shape 99999999999999,1 is too big for explain here: cannot allocate a float32 tensor of shape "
+                     "[99999999999999, 1]",
+                     2);
+  // Too many bytes and too many elements are the same mistake: status 2 both
+  // (they gave 1 and 2).
+  ExpectOneErrorLine(Tefl("explain gelu --shape 99999999999999"), "is too big for explain here", 2);
+  ExpectOneErrorLine(Tefl("explain gelu --shape 99999999999999,99999999999"), "has too many elements", 2);
   const Result b = Tefl("bench --op gelu --size 2305843009213693951,2 --min-time 0.01");
   ExpectOneErrorLine(b, "could not be run", 1);
   EXPECT_NE(b.out.find("not run: cannot allocate a float32 tensor of shape [2305843009213693951, 2]"),
@@ -335,9 +341,15 @@ TEST(Cli, AllocationFailureIsNamed) {
   GTEST_SKIP() << "sanitizers reserve more address space than the limit below";
 #else
   // 400 GB under a 4 GiB address-space limit: std::bad_alloc, reported with
-  // the bytes and the tensor.
+  // the bytes and the tensor, and as a --shape explain cannot take (status
+  // 2; docs/cli.md: the tensors are never written, but they are allocated).
   ExpectOneErrorLine(Tefl("explain gelu --shape 99999999999,1", "", "ulimit -v 4194304; "),
-                     "cannot allocate 400000000124 bytes for a float32 tensor of shape [99999999999, 1]", 1);
+                     "--shape 99999999999,1 is too big for explain here: cannot allocate 400000000124 bytes for a "
+                     "float32 tensor of shape [99999999999, 1] (explain allocates the call's tensors, though it never "
+                     "writes them)",
+                     2);
+  ExpectOneErrorLine(Tefl("explain gelu --shape 131072,65536", "", "ulimit -v 4194304; "),
+                     "cannot allocate 34359738496 bytes for a float32 tensor of shape [131072, 65536]", 2);
 #endif
 }
 

@@ -1,6 +1,7 @@
 // tefl explain OP [--dtype] [--shape] [--device] [--json]: the full
 // resolution of one call under the policy in force. Exit status 1 when the
-// call cannot be resolved (an error, or no candidate accepts it).
+// call cannot be resolved (an error, or no candidate accepts it); 2 when no
+// call can be built from --dtype/--shape (or its tensors cannot be allocated).
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -43,12 +44,23 @@ void AddExplainCommand(CLI::App& app) {
     const DLDeviceType device = ParseDevice(args->device);
     // Explain never runs a kernel: the tensors only describe the call, so
     // they are allocated but never written (a big shape costs no time and
-    // no memory), and only the one case shown is built.
+    // no resident memory, though the allocation itself must succeed), and
+    // only the one case shown is built.
     o.describe_only = true;
     o.first_only = o.shape.has_value();
     GetDefaultManager().EnsureInitialized();
     LoadPluginsOrThrow(args->plugins);
-    std::optional<check::Case> c = DefaultCase(op.name, o);
+    std::optional<check::Case> c;
+    try {
+      c = DefaultCase(op.name, o);
+    } catch (const check::TensorAllocError& e) {
+      // Too big to allocate here, or for any address space: either way a
+      // --shape this command cannot take.
+      throw UsageError(
+          fmt::format("--shape {} is too big for explain here: {} (explain allocates the call's "
+                      "tensors, though it never writes them)",
+                      args->shape, e.what()));
+    }
     if (!c)
       throw UsageError(fmt::format("no call of {} with dtype {}{} can be built ({})", op.name, args->dtype,
                                    !o.shape ? "" : " and shape " + args->shape,
