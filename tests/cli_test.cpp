@@ -192,6 +192,33 @@ TEST(Cli, ImplsShowsThePolicysPick) {
   EXPECT_TRUE(found);
 }
 
+// A policy that leaves an op nothing to pick: impls says so and why (as
+// explain does, with the "did you mean"), status 1; it printed the table
+// with no row picked and exited 0.
+TEST(Cli, ImplsSaysWhenNothingCanBePicked) {
+  const std::string env = "TE_FL_PER_OP='rmsnorm_fwd=impl:default.protable'";
+  Result r = Tefl("impls rmsnorm_fwd", env);
+  ExpectOneErrorLine(r,
+                     "nothing can be picked for 1 op under the policy in force: rmsnorm_fwd: no implementation can "
+                     "serve this call",
+                     1);
+  EXPECT_NE(r.err.find("(did you mean 'impl:default.portable'?)"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("<- picked"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\nnothing picked: rmsnorm_fwd: no implementation can serve this call; "), std::string::npos)
+      << r.out;
+  r = Tefl("impls rmsnorm_fwd --json", env);
+  EXPECT_EQ(r.code, 1);
+  const nlohmann::json j = r.Json();
+  EXPECT_EQ(j["picked"], "");
+  EXPECT_NE(j.value("error", std::string()).find("did you mean 'impl:default.portable'?"), std::string::npos) << j;
+  // Over every op: the listing, then the failure naming the first op.
+  r = Tefl("impls", env);
+  ExpectOneErrorLine(r, "nothing can be picked for 1 op under the policy in force: rmsnorm_fwd: ", 1);
+  EXPECT_NE(r.out.find("gelu  "), std::string::npos) << r.out;
+  // The other ops are unaffected.
+  EXPECT_EQ(Tefl("impls gelu", env).code, 0);
+}
+
 TEST(Cli, PluginLogLinesShowWhenTheLogLevelIsAskedFor) {
   // By default a --plugin's load is reported by the command itself (no loader
   // lines); with TEFL_LOG_LEVEL set, the loader's and plugin's lines show.

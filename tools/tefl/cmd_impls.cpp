@@ -1,5 +1,6 @@
 // tefl impls [OP] [--json]: registered implementations, and which one the
-// current environment's policy picks for a default call of each op.
+// current environment's policy picks for a default call of each op. Exit
+// status 1 when it leaves an op nothing to pick (the reason is printed).
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -9,16 +10,27 @@
 namespace tefl::cli {
 namespace {
 
-// The implementation the policy in force picks first for the op's default
-// call (float32, a mid-grid shape), or "" when the op has no built-in call.
-std::string PickedFor(const OpSchema& op, std::string* call) {
+// What the policy in force picks first for the op's default call (float32,
+// a mid-grid shape): the implementation, or why nothing can be picked (the
+// resolution's error, as `tefl explain` shows it). Both "" when the op has
+// no built-in call.
+struct Pick {
+  std::string call, picked, error;
+};
+Pick PickedFor(const OpSchema& op) {
   check::GridOptions o;
   o.describe_only = true;  // never run: allocated, not filled
   std::optional<check::Case> c = DefaultCase(op.name, o);
-  if (!c) return "";
-  *call = c->dtype + " " + c->shape;
+  if (!c) return {};
+  Pick p;
+  p.call = c->dtype + " " + c->shape;
   const Resolution r = GetDefaultManager().Explain(op.id, c->InputPtrs(), c->OutputPtrs(), c->attrs_ptr());
-  return r.chain.empty() ? "(none)" : r.chain.front();
+  if (!r.chain.empty()) {
+    p.picked = r.chain.front();
+  } else {
+    p.error = !r.error.empty() ? r.error : r.op_name + ": no candidate accepts the call";
+  }
+  return p;
 }
 
 }  // namespace
@@ -48,11 +60,16 @@ void AddImplsCommand(CLI::App& app) {
     nlohmann::json arr = nlohmann::json::array();
     Table t({"op", "impl_id", "kind", "vendor", "priority", "devices", "origin", "picked"});
     size_t count = 0;
+    std::vector<std::string> unpicked;  // "op: why", for each op nothing can be picked for
     for (const OpSchema* op : ops) {
       const std::vector<OpImpl> impls = GetDefaultRegistry().GetImplementations(op->name);
-      std::string call;
-      const std::string picked = impls.empty() ? "" : PickedFor(*op, &call);
-      nlohmann::json oj = {{"op", op->name}, {"default_call", call}, {"picked", picked}};
+      const Pick pick = impls.empty() ? Pick{} : PickedFor(*op);
+      const std::string& picked = pick.picked;
+      nlohmann::json oj = {{"op", op->name}, {"default_call", pick.call}, {"picked", picked}};
+      if (!pick.error.empty()) {
+        oj["error"] = pick.error;
+        unpicked.push_back(pick.error);
+      }
       oj["implementations"] = nlohmann::json::array();
       for (const OpImpl& impl : impls) {
         ++count;
@@ -70,8 +87,17 @@ void AddImplsCommand(CLI::App& app) {
       if (impls.empty()) t.Add({op->name, "(none registered)", "", "", "", "", "", ""});
       arr.push_back(oj);
     }
+    // An op the policy in force leaves nothing to pick for is this command's
+    // failure (status 1, as `tefl explain` of that call), after the listing.
+    auto fail_if_unpicked = [&] {
+      if (unpicked.empty()) return;
+      throw CliError(fmt::format("nothing can be picked for {} under the policy in force{}: {}",
+                                 Plural(unpicked.size(), "op"), unpicked.size() > 1 ? "; first" : "",
+                                 unpicked.front()));
+    };
     if (args->json) {
       std::printf("%s\n", (args->op.empty() ? arr : arr[0]).dump(2).c_str());
+      fail_if_unpicked();
       return;
     }
     std::printf("%s", t.ToString().c_str());
@@ -79,6 +105,8 @@ void AddImplsCommand(CLI::App& app) {
         "%s of %s; policy %s\n'picked': the first candidate for a default float32 call "
         "(`tefl explain OP` shows why)\n",
         Plural(count, "implementation").c_str(), Plural(ops.size(), "op").c_str(), PolicySummary(GetPolicy()).c_str());
+    for (const std::string& why : unpicked) std::printf("nothing picked: %s\n", why.c_str());
+    fail_if_unpicked();
   });
 }
 
