@@ -425,6 +425,21 @@ TEST(Cli, PolicyIsShownInWords) {
   EXPECT_NE(r.out.find("256 MiB, 1 thread)"), std::string::npos) << r.out;
 }
 
+// docs/env.md: a bad TE_FL_PER_OP token gives a warning; an empty one
+// between two ('flagos||reference') was skipped in silence.
+TEST(Cli, EmptyPerOpTokenWarns) {
+  const Result r = Tefl("explain rmsnorm_fwd", "TE_FL_PER_OP='rmsnorm_fwd=flagos||reference'");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("WARNING] Ignoring TE_FL_PER_OP token '' (between '|' and '|') for op 'rmsnorm_fwd'"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.out.find("order      flagos > reference\n"), std::string::npos) << r.out;
+  // A trailing '|' is skipped like a trailing ';'.
+  const Result t = Tefl("explain rmsnorm_fwd", "TE_FL_PER_OP='rmsnorm_fwd=flagos|;'");
+  EXPECT_EQ(t.code, 0) << t.err;
+  EXPECT_EQ(t.err, "");
+}
+
 TEST(Cli, CheckPassesTheBuiltins) {
   const Result r = Tefl("check --impl default.portable --op rmsnorm_fwd --op layernorm_bwd --json");
   ASSERT_EQ(r.code, 0) << r.err;

@@ -217,8 +217,17 @@ SelectionPolicy SelectionPolicy::FromEnv(std::vector<std::string>* warnings, con
         continue;
       }
       std::vector<PolicyToken> tokens;
-      for (std::string_view tok : Split(entry.substr(eq + 1), '|')) {
-        if (Trim(tok).empty()) continue;
+      const std::vector<std::string_view> pieces = Split(entry.substr(eq + 1), '|');
+      for (size_t i = 0; i < pieces.size(); ++i) {
+        const std::string_view tok = pieces[i];
+        if (Trim(tok).empty()) {
+          // Between two tokens ('a||b'), an empty one is a typo as much as a
+          // bad token; a leading or trailing '|' is skipped like a ';'.
+          if (i > 0 && i + 1 < pieces.size())
+            warn("Ignoring TE_FL_PER_OP token '' (between '|' and '|') for op '" + std::string(op) +
+                 "': expected flagos, vendor, reference, vendor:NAME or impl:ID");
+          continue;
+        }
         if (auto t = PolicyToken::Parse(tok)) {
           tokens.push_back(*t);
         } else {
