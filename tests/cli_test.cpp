@@ -425,6 +425,32 @@ TEST(Cli, PolicyIsShownInWords) {
   EXPECT_NE(r.out.find("256 MiB, 1 thread)"), std::string::npos) << r.out;
 }
 
+// Each variable explain lists as ignored comes with its reason; it said
+// "see the WARNING" where none was printed (an overridden variable, a
+// TE_FL_PER_OP naming no entry).
+TEST(Cli, ExplainSaysWhyAVariableIsIgnored) {
+  Result r = Tefl("explain rmsnorm_fwd", "TE_FL_PER_OP=';;;'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("\n           ignored: TE_FL_PER_OP=;;; (it names no op=token|token entry)\n"),
+            std::string::npos)
+      << r.out;
+  r = Tefl("explain gelu", "TE_FL_PREFER_VENDOR=1 TE_FL_PREFER=reference");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("\n           ignored: TE_FL_PREFER_VENDOR=1 (overridden by TE_FL_PREFER)\n"), std::string::npos)
+      << r.out;
+  // Malformed: the parser's own words (its WARNING is on stderr too).
+  r = Tefl("explain gelu", "TE_FL_STRICT=maybe TE_FL_PER_OP='nope=x'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("ignored: TE_FL_STRICT=maybe (expected 1, true, yes, on or 0, false, no, off)\n"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("ignored: TE_FL_PER_OP=nope=x (entry 'nope=x': unknown op 'nope')\n"), std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("see the WARNING"), std::string::npos) << r.out;
+  const nlohmann::json j = Tefl("explain gelu --json", "TE_FL_PREFER_VENDOR=1 TE_FL_PREFER=reference").Json();
+  EXPECT_EQ(j["ignored_reasons"]["TE_FL_PREFER_VENDOR"], "overridden by TE_FL_PREFER") << j.dump();
+}
+
 // docs/env.md: a bad TE_FL_PER_OP token gives a warning; an empty one
 // between two ('flagos||reference') was skipped in silence.
 TEST(Cli, EmptyPerOpTokenWarns) {

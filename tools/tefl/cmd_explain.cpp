@@ -94,13 +94,44 @@ void AddExplainCommand(CLI::App& app) {
     std::set<std::string> used;
     for (const auto& [k, v] : policy.sources())
       if (v != "default") sources[k] = v, used.insert(v);
-    // Variables set (not empty) that the policy took nothing from: malformed
-    // (the WARNING above says why) or overridden (TE_FL_PREFER_VENDOR under
-    // TE_FL_PREFER).
+    // Variables set (not empty) that the policy took nothing from, each with
+    // why: malformed (the parser's own words, as its WARNING has them; read
+    // again here, since the policy in force was read before this command),
+    // overridden (TE_FL_PREFER_VENDOR under TE_FL_PREFER), or naming nothing
+    // (TE_FL_PER_OP=';;').
+    std::vector<std::string> warnings;
+    (void)SelectionPolicy::FromEnv(&warnings);
     std::vector<std::string> ignored;
+    nlohmann::json ignored_reasons = nlohmann::json::object();
     for (const char* v : kPolicyVars) {
       const char* val = std::getenv(v);
-      if (val && *val && !used.count(v)) ignored.push_back(fmt::format("{}={}", v, val));
+      if (!val || !*val || used.count(v)) continue;
+      ignored.push_back(fmt::format("{}={}", v, val));
+      // "Ignoring VAR='value': why" and "Ignoring VAR entry/token ...: why".
+      const std::string whole = fmt::format("Ignoring {}='{}': ", v, val), part = fmt::format("Ignoring {} ", v);
+      std::string why;
+      for (const std::string& w : warnings) {
+        std::string reason;
+        if (w.rfind(whole, 0) == 0) {
+          reason = w.substr(whole.size());
+        } else if (w.rfind(part, 0) == 0) {
+          reason = w.substr(part.size());
+        } else {
+          continue;
+        }
+        why += (why.empty() ? "" : "; ") + reason;
+      }
+      if (why.empty()) {
+        const auto prefer = policy.sources().find("prefer");
+        if (std::string(v) == "TE_FL_PREFER_VENDOR" && prefer != policy.sources().end() &&
+            prefer->second == "TE_FL_PREFER")
+          why = "overridden by TE_FL_PREFER";
+        else if (std::string(v) == "TE_FL_PER_OP")
+          why = "it names no op=token|token entry";
+        else
+          why = "not used by the policy in force";
+      }
+      ignored_reasons[v] = why;
     }
     // A call that cannot be resolved is this command's failure (exit 1),
     // reported after the resolution that shows why.
@@ -118,6 +149,7 @@ void AddExplainCommand(CLI::App& app) {
                           {"policy_sources", sources},
                           {"environment", env},
                           {"ignored_variables", ignored},
+                          {"ignored_reasons", ignored_reasons},
                           {"order", r.order},
                           {"chain", r.chain},
                           {"error", r.error}};
@@ -149,7 +181,8 @@ void AddExplainCommand(CLI::App& app) {
       std::printf("           %s from %s%s\n", k.c_str(), v.c_str(), val ? (std::string("=") + val).c_str() : "");
     }
     for (const std::string& var : ignored)
-      std::printf("           ignored: %s (malformed or overridden; see the WARNING)\n", var.c_str());
+      std::printf("           ignored: %s (%s)\n", var.c_str(),
+                  ignored_reasons[var.substr(0, var.find('='))].get<std::string>().c_str());
     std::string order;
     for (const std::string& tok : r.order) order += (order.empty() ? "" : " > ") + tok;
     std::printf("order      %s\n", order.c_str());
