@@ -128,6 +128,25 @@ TEST(Cli, OpsDetailGolden) {
   EXPECT_NE(rope.out.find("\n  strided tensors accepted (DLPack strides)\n"), std::string::npos) << rope.out;
 }
 
+// --family: any case, an unknown one lists the families, and one that
+// contradicts the op named is an error (it was ignored).
+TEST(Cli, OpsFamilyFilter) {
+  Result r = Tefl("ops --family NORMALIZATION");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, Tefl("ops --family normalization").out);
+  EXPECT_NE(r.out.find("\nrmsnorm_fwd "), std::string::npos) << r.out;
+  ExpectOneErrorLine(Tefl("ops --family bogus"),
+                     "no op of family 'bogus' (the families are normalization, rope, activation, softmax, dropout, "
+                     "attention, quantization, gemm)",
+                     2);
+  r = Tefl("ops rmsnorm_fwd --family softmax");
+  ExpectOneErrorLine(r, "op rmsnorm_fwd is of family normalization, not softmax", 2);
+  EXPECT_EQ(r.out, "");
+  r = Tefl("ops rmsnorm_fwd --family Normalization");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, Tefl("ops rmsnorm_fwd").out);
+}
+
 TEST(Cli, OpsJsonListsTheCatalogue) {
   const nlohmann::json j = Tefl("ops --json").Json();
   ASSERT_TRUE(j.is_array());

@@ -1,14 +1,26 @@
 // tefl ops [OP] [--family F] [--json]: the catalogue, from the op schemas.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <string_view>
 
 #include "cli_support.h"
 
 namespace tefl::cli {
 namespace {
+
+bool EqualsIgnoreCase(const std::string& a, const char* b) {
+  const std::string_view v = b;
+  if (a.size() != v.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(v[i]))) return false;
+  return true;
+}
 
 const char* AttrTypeName(AttrType t) {
   switch (t) {
@@ -113,7 +125,7 @@ void PrintDetail(const OpSchema& op) {
                 op.inputs[size_t(op.inplace_input)].name);
   // What a kernel can rely on about strides (validation refuses the rest first).
   std::printf("  %s\n", (op.flags & kOpContiguous) != 0 ? "contiguous only: every tensor compact row-major"
-                                                         : "strided tensors accepted (DLPack strides)");
+                                                        : "strided tensors accepted (DLPack strides)");
 }
 
 }  // namespace
@@ -130,13 +142,29 @@ void AddOpsCommand(CLI::App& app) {
   cmd->add_option("--family", args->family, "Only ops of this family (normalization, activation, softmax, rope, ...)");
   cmd->add_flag("--json", args->json, "Print JSON");
   cmd->callback([args] {
+    // --family: a catalogue family, in any case (as other keywords are).
+    std::string family;
+    if (!args->family.empty()) {
+      std::vector<std::string> families;  // each once, in catalogue order
+      for (const OpSchema& op : AllOps()) {
+        if (!op.name) continue;
+        if (EqualsIgnoreCase(args->family, op.family)) family = op.family;
+        if (std::find(families.begin(), families.end(), op.family) == families.end()) families.push_back(op.family);
+      }
+      if (family.empty())
+        throw UsageError(
+            fmt::format("no op of family '{}' (the families are {})", args->family, fmt::join(families, ", ")));
+    }
     std::vector<const OpSchema*> ops;
     if (!args->op.empty()) {
-      ops.push_back(&RequireOp(args->op));
+      const OpSchema& op = RequireOp(args->op);
+      if (!family.empty() && family != op.family)
+        throw UsageError(fmt::format("op {} is of family {}, not {} (give the op or --family, or both agreeing)",
+                                     op.name, op.family, family));
+      ops.push_back(&op);
     } else {
       for (const OpSchema& op : AllOps())
-        if (op.name && (args->family.empty() || args->family == op.family)) ops.push_back(&op);
-      if (ops.empty()) throw UsageError(fmt::format("no op of family '{}'", args->family));
+        if (op.name && (family.empty() || family == op.family)) ops.push_back(&op);
     }
     if (args->json) {
       nlohmann::json arr = nlohmann::json::array();
