@@ -683,8 +683,34 @@ TEST(Cli, BenchPlotWritesAPng) {
   EXPECT_EQ(bytes.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
   std::remove(png.c_str());
   // A failing plot script is this command's error.
-  ExpectOneErrorLine(Tefl("bench --op relu --size 8,8 --min-time 0.01 --plot /nonexistent-dir/x.png"),
-                     "the plot script failed");
+  const std::string broken = ::testing::TempDir() + "/tefl_bench_plot_broken." + std::to_string(getpid()) + ".py";
+  std::FILE* f = std::fopen(broken.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fputs("import sys\nprint('broken: no chart', file=sys.stderr)\nsys.exit(3)\n", f);
+  std::fclose(f);
+  ExpectOneErrorLine(
+      Tefl("bench --op relu --size 8,8 --min-time 0.01 --plot '" + png + "'", "TEFL_PLOT_SCRIPT='" + broken + "'"),
+      "the plot script failed (" + broken + "): broken: no chart", 1);
+  std::remove(broken.c_str());
+  std::remove(png.c_str());
+}
+
+// What --plot needs is checked before anything is measured (these failed
+// only after the whole benchmark had run).
+TEST(Cli, BenchPlotIsCheckedFirst) {
+  const std::string args = "bench --op relu --size 8,8 --min-time 0.01 --plot ";
+  Result r = Tefl(args + "/nonexistent-dir/x.png");
+  ExpectOneErrorLine(r, "--plot /nonexistent-dir/x.png: the directory '/nonexistent-dir' does not exist", 2);
+  EXPECT_EQ(r.out, "") << "nothing is measured";
+  r = Tefl(args + "out.txt");
+  ExpectOneErrorLine(r, "--plot out.txt: unsupported format '.txt' (expected a file name ending .png, .pdf, .svg", 2);
+  EXPECT_EQ(r.out, "");
+  ExpectOneErrorLine(Tefl(args + "chart"), "--plot chart: no format given", 2);
+  const std::string png = ::testing::TempDir() + "/tefl_bench_plot_first." + std::to_string(getpid()) + ".png";
+  r = Tefl(args + "'" + png + "'", "TEFL_PLOT_SCRIPT=/nonexistent.py");
+  ExpectOneErrorLine(
+      r, "--plot: the plot script '/nonexistent.py' (TEFL_PLOT_SCRIPT) cannot be read: No such file or directory", 1);
+  EXPECT_EQ(r.out, "");
 }
 
 TEST(Cli, DemoReferenceHasZeroErrorDefaultWithinTolerance) {

@@ -5,12 +5,16 @@
 // of the run with the same threads: memcpy's, and (x86) a copy that writes
 // with non-temporal stores, the roofline of a kernel that streams its output.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -132,6 +136,49 @@ std::string PlotScript() {
   return TEFL_PLOT_SCRIPT;  // missing: the run reports it
 }
 
+// What savefig writes without further packages (jpg, tiff, webp need Pillow).
+constexpr const char* kPlotFormats[] = {"png", "pdf", "svg", "eps", "ps"};
+
+// The checks --plot can make before anything runs: the file's format and
+// directory, the script, python3 with matplotlib. Returns the script.
+std::string CheckPlot(const std::string& file) {
+  const size_t slash = file.rfind('/');
+  const std::string name = slash == std::string::npos ? file : file.substr(slash + 1);
+  const size_t dot = name.rfind('.');
+  std::string ext = dot == std::string::npos || dot == 0 ? "" : name.substr(dot + 1);
+  for (char& ch : ext) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+  if (std::find_if(std::begin(kPlotFormats), std::end(kPlotFormats), [&](const char* f) { return ext == f; }) ==
+      std::end(kPlotFormats))
+    throw UsageError(fmt::format("--plot {}: {} (expected a file name ending .{})", file,
+                                 ext.empty() ? std::string("no format given") : "unsupported format '." + ext + "'",
+                                 fmt::join(kPlotFormats, ", .")));
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : file.substr(0, slash);
+  struct stat st {};
+  if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    throw UsageError(fmt::format("--plot {}: the directory '{}' does not exist", file, dir));
+  if (access(dir.c_str(), W_OK) != 0)
+    throw UsageError(fmt::format("--plot {}: the directory '{}' is not writable", file, dir));
+  const std::string script = PlotScript();
+  if (access(script.c_str(), R_OK) != 0)
+    throw CliError(fmt::format("--plot: the plot script '{}'{} cannot be read: {}", script,
+                               std::getenv("TEFL_PLOT_SCRIPT") ? " (TEFL_PLOT_SCRIPT)" : "", std::strerror(errno)));
+  // python3 and matplotlib, or the chart would fail after the whole run.
+  std::string output;
+  int rc = -1;
+  if (FILE* pipe = popen("python3 -c 'import matplotlib' 2>&1", "r")) {
+    char buf[512];
+    while (std::fgets(buf, sizeof(buf), pipe)) output += buf;
+    rc = pclose(pipe);
+  }
+  if (rc != 0) {
+    while (!output.empty() && (output.back() == '\n' || output.back() == ' ')) output.pop_back();
+    const size_t nl = output.rfind('\n');
+    throw CliError(fmt::format("--plot needs python3 with matplotlib: {}",
+                               output.empty() ? "python3 did not run" : output.substr(nl + 1)));
+  }
+  return script;
+}
+
 }  // namespace
 
 void AddBenchCommand(CLI::App& app) {
@@ -164,6 +211,7 @@ void AddBenchCommand(CLI::App& app) {
     if (size_opt->count() > 0) size = ParseShape(args->size);  // given empty: an error
     const double min_time = ValidateMinTime(args->min_time);
     std::vector<const OpSchema*> ops = RequireOps(args->ops);
+    const std::string plot_script = args->plot.empty() ? "" : CheckPlot(args->plot);
     const bool ops_requested = !ops.empty();
     if (ops.empty())
       for (const OpSchema& op : AllOps())
@@ -288,7 +336,7 @@ void AddBenchCommand(CLI::App& app) {
                   t.ToString().c_str());
     }
     if (!args->plot.empty()) {
-      const std::string script = PlotScript();
+      const std::string& script = plot_script;
       char tmpl[] = "/tmp/tefl-bench-XXXXXX";
       const int fd = mkstemp(tmpl);
       if (fd < 0) throw CliError("cannot create a temporary file for the plot data");
