@@ -624,14 +624,32 @@ TEST(Cli, BenchFailsWhenARequestedRowCannotRun) {
   r = Tefl("bench --op scaled_softmax_forward --op relu --size 7 --min-time 0.01");
   ExpectOneErrorLine(r, "1 requested row could not be run; first: scaled_softmax_forward", 1);
   EXPECT_NE(r.out.find("relu  "), std::string::npos) << "the other rows still run: " << r.out;
-  // A declined call (testgood serves float32 only).
+  // A declined call (testgood serves float32 only): the decline itself, not
+  // the strict policy bench pins each implementation with.
   r = Tefl("bench --op rmsnorm_fwd --size 8,8 --dtype bf16 --min-time 0.01 --impl vendor.testgood --plugin " +
            Plugin("testgood"));
-  ExpectOneErrorLine(r, "rmsnorm_fwd vendor.testgood: ", 1);
-  EXPECT_NE(r.out.find("not run: "), std::string::npos) << r.out;
+  ExpectOneErrorLine(r, "rmsnorm_fwd vendor.testgood: supports() declined: testgood handles float32 only", 1);
+  EXPECT_NE(r.out.find("not run: supports() declined: testgood handles float32 only\n"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("strict mode"), std::string::npos) << r.out;
+  EXPECT_EQ(r.err.find("strict mode"), std::string::npos) << r.err;
   // An implementation that does not serve the op asked for.
   r = Tefl("bench --op gelu --size 8,8 --min-time 0.01 --impl vendor.testgood --plugin " + Plugin("testgood"));
   ExpectOneErrorLine(r, "gelu -: not implemented on the CPU by vendor.testgood", 1);
+}
+
+// Rows come out in the order --impl gave the implementations.
+TEST(Cli, BenchKeepsTheImplOrderGiven) {
+  for (const auto& order : {std::vector<std::string>{"vendor.testgood", "default.portable", "reference.cpp"},
+                            std::vector<std::string>{"reference.cpp", "vendor.testgood", "default.portable"}}) {
+    std::string args = "bench --op rmsnorm_fwd --size 8,8 --min-time 0.01 --json --plugin " + Plugin("testgood");
+    for (const std::string& id : order) args += " --impl " + id;
+    const Result r = Tefl(args);
+    ASSERT_EQ(r.code, 0) << r.err;
+    const nlohmann::json j = r.Json();
+    std::vector<std::string> rows;
+    for (const auto& row : j["results"]) rows.push_back(row["impl"]);
+    EXPECT_EQ(rows, order) << j.dump();
+  }
 }
 
 TEST(Cli, BenchGemmSizeIsMK) {

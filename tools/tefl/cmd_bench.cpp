@@ -136,6 +136,21 @@ std::string PlotScript() {
   return TEFL_PLOT_SCRIPT;  // missing: the run reports it
 }
 
+// The implementation's own reason for a pinned call that did not run,
+// without the strict policy's preamble ("op: strict mode (policy set in
+// code): the first candidate 'X' ... cannot run: "): bench pins each
+// implementation itself, so the preamble says nothing the user asked for.
+// (tefl check words it the same way.)
+std::string ImplReason(const std::string& message) {
+  const size_t strict = message.find(": strict mode (");
+  if (strict == std::string::npos) return message;
+  for (const char* marker : {" cannot run: ", " declined: ", " failed: "}) {
+    const size_t at = message.find(marker, strict);
+    if (at != std::string::npos) return message.substr(at + std::strlen(marker));
+  }
+  return message;
+}
+
 // What savefig writes without further packages (jpg, tiff, webp need Pillow).
 constexpr const char* kPlotFormats[] = {"png", "pdf", "svg", "eps", "ps"};
 
@@ -263,10 +278,19 @@ void AddBenchCommand(CLI::App& app) {
         if (in) bytes += double(in->nbytes());
       for (size_t i = 0; i < c.outputs.size(); ++i)
         if (!c.absent(i)) bytes += double(c.outputs[i].nbytes());
-      for (const OpImpl& impl : GetDefaultRegistry().GetImplementations(op->name)) {
-        if (!args->impls.empty() &&
-            std::find(args->impls.begin(), args->impls.end(), impl.impl_id) == args->impls.end())
-          continue;
+      // The op's implementations in registry order, or in the order --impl
+      // gave them (each once).
+      std::vector<OpImpl> impls = GetDefaultRegistry().GetImplementations(op->name);
+      if (!args->impls.empty()) {
+        std::vector<OpImpl> given;
+        for (const std::string& id : args->impls)
+          for (const OpImpl& impl : impls)
+            if (impl.impl_id == id &&
+                std::none_of(given.begin(), given.end(), [&](const OpImpl& g) { return g.impl_id == id; }))
+              given.push_back(impl);
+        impls = std::move(given);
+      }
+      for (const OpImpl& impl : impls) {
         if (!(impl.device_mask & TEFL_DEVICE_BIT(kDLCPU))) continue;
         ++op_rows;
         if (args->impls.empty() && impl.kind == BackendImplKind::REFERENCE && ReferenceTooSlow(op->family)) {
@@ -285,7 +309,7 @@ void AddBenchCommand(CLI::App& app) {
         nlohmann::json row = {{"op", op->name},   {"impl", impl.impl_id}, {"dtype", c.dtype},
                               {"shape", c.shape}, {"bytes", bytes},       {"copy_gbps", copy_bps / 1e9}};
         if (!first.ok()) {
-          add_not_run(op->name, impl.impl_id, c.dtype, c.shape, first.message());
+          add_not_run(op->name, impl.impl_id, c.dtype, c.shape, ImplReason(first.message()));
           continue;
         }
         // The pinned policy is built once; each sample is one call.
@@ -312,11 +336,11 @@ void AddBenchCommand(CLI::App& app) {
       // An op asked for by --op and left without a row. (With every op, only
       // a run that found nothing at all fails.)
       if (op_rows == 0 && ops_requested) {
-        std::string impls;
-        for (const std::string& id : args->impls) impls += (impls.empty() ? "" : ", ") + id;
+        std::string ids;
+        for (const std::string& id : args->impls) ids += (ids.empty() ? "" : ", ") + id;
         add_not_run(
             op->name, "-", c.dtype, c.shape,
-            args->impls.empty() ? "no implementation of it runs on the CPU" : "not implemented on the CPU by " + impls);
+            args->impls.empty() ? "no implementation of it runs on the CPU" : "not implemented on the CPU by " + ids);
       }
     }
     if (rows.empty()) not_run.push_back("nothing to run: no implementation matches the --op and --impl filters");
