@@ -17,6 +17,8 @@
 #include <string>
 #include <utility>
 
+#include "tefl/tefl.h"
+
 namespace {
 
 struct Result {
@@ -102,6 +104,22 @@ TEST(Cli, HelpOnEveryCommand) {
     EXPECT_EQ(r.code, 0) << cmd;
     EXPECT_NE(r.out.find("Usage"), std::string::npos) << cmd << ": " << r.out;
   }
+}
+
+// --version: tefl's version and the plugin C ABI version (it said "A
+// subcommand is required").
+TEST(Cli, VersionFlag) {
+  const Result r = Tefl("--version");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  const std::string abi = fmt::format(" (plugin C ABI {}.{})\n", TEFL_ABI_MAJOR, TEFL_ABI_MINOR);
+  ASSERT_EQ(r.out.rfind("tefl ", 0), 0u) << r.out;
+  ASSERT_GT(r.out.size(), abi.size() + 5) << r.out;
+  EXPECT_EQ(r.out.substr(r.out.size() - abi.size()), abi) << r.out;
+  const std::string version = r.out.substr(5, r.out.size() - abi.size() - 5);  // e.g. 0.1.0
+  EXPECT_FALSE(version.empty());
+  EXPECT_EQ(version.find_first_not_of("0123456789."), std::string::npos) << version;
+  EXPECT_EQ(std::count(version.begin(), version.end(), '.'), 2) << version;
 }
 
 TEST(Cli, OpsDetailGolden) {
@@ -280,6 +298,12 @@ TEST(Cli, BadArgumentsGiveOneLine) {
   ExpectOneErrorLine(Tefl("ops --family nope"), "no op of family 'nope'", 2);
   ExpectOneErrorLine(Tefl("frobnicate"), "frobnicate", 2);
   ExpectOneErrorLine(Tefl("demo --heads 3"), "--heads 3 must divide --hidden 256", 2);
+  // Not a number is said so (it was "Value abc not in range 1 to 65536").
+  ExpectOneErrorLine(Tefl("demo --seq abc"), "--seq: 'abc' is not an integer", 2);
+  ExpectOneErrorLine(Tefl("demo --batch 2.5"), "--batch: '2.5' is not an integer", 2);
+  ExpectOneErrorLine(Tefl("demo --seq 0"), "--seq: 0 is out of range 1..65536", 2);
+  ExpectOneErrorLine(Tefl("demo --ffn 99999999999999999999"), "--ffn: 99999999999999999999 is out of range 1..262144",
+                     2);
   // A failure of the command itself: status 1.
   ExpectOneErrorLine(Tefl("check --plugin /nonexistent/libtefl_plugin_x.so"), "cannot load plugin", 1);
   ExpectOneErrorLine(Tefl("check --plugin no_such_plugin_name"), "cannot load plugin 'no_such_plugin_name'", 1);

@@ -10,6 +10,7 @@
 // plain loops, marked "demo code" in the table.
 #include <fmt/format.h>
 
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -41,6 +42,21 @@ struct OpStat {
   double seconds = 0;
   std::vector<Floats> outputs;  // every output of every call, in order
 };
+
+// An integer option's check (CLI::Range says "Value abc not in range 1 to
+// 65536" of a value that is no number at all).
+CLI::Validator IntegerIn(int64_t lo, int64_t hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        int64_t v = 0;
+        const char* end = text.data() + text.size();
+        const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+        if (text.empty() || ptr != end) return fmt::format("'{}' is not an integer", text);
+        if (ec != std::errc() || v < lo || v > hi) return fmt::format("{} is out of range {}..{}", text, lo, hi);
+        return std::string();
+      },
+      fmt::format("INT in [{} - {}]", lo, hi));
+}
 
 Floats RandomFloats(size_t n, float scale, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -315,13 +331,13 @@ void AddDemoCommand(CLI::App& app) {
       "demo",
       "Run one GPT-style transformer layer forward and backward through tefl; per-op implementations, "
       "times and error against the reference backend");
-  cmd->add_option("--batch", args->cfg.batch, "Sequences")->capture_default_str()->check(CLI::Range(1, 1 << 16));
-  cmd->add_option("--seq", args->cfg.seq, "Tokens per sequence")->capture_default_str()->check(CLI::Range(1, 1 << 16));
-  cmd->add_option("--hidden", args->cfg.hidden, "Hidden size")->capture_default_str()->check(CLI::Range(2, 1 << 16));
+  cmd->add_option("--batch", args->cfg.batch, "Sequences")->capture_default_str()->check(IntegerIn(1, 1 << 16));
+  cmd->add_option("--seq", args->cfg.seq, "Tokens per sequence")->capture_default_str()->check(IntegerIn(1, 1 << 16));
+  cmd->add_option("--hidden", args->cfg.hidden, "Hidden size")->capture_default_str()->check(IntegerIn(2, 1 << 16));
   cmd->add_option("--heads", args->cfg.heads, "Attention heads (must divide hidden, head dim even)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 12));
-  cmd->add_option("--ffn", args->cfg.ffn, "MLP inner size")->capture_default_str()->check(CLI::Range(1, 1 << 18));
+      ->check(IntegerIn(1, 1 << 12));
+  cmd->add_option("--ffn", args->cfg.ffn, "MLP inner size")->capture_default_str()->check(IntegerIn(1, 1 << 18));
   cmd->add_option("--dtype", args->dtype, "Activation dtype of the tefl ops: fp32, bf16, fp16")->capture_default_str();
   AddPluginOption(cmd, &args->plugins);
   cmd->add_flag("--json", args->json, "Print JSON");

@@ -11,6 +11,7 @@
 
 #include "cli_support.h"
 #include "core/logging.h"
+#include "tefl/tefl.h"
 
 int main(int argc, char** argv) {
   // A command prints its own report: the library's INFO lines (which impl
@@ -20,6 +21,11 @@ int main(int argc, char** argv) {
   CLI::App app{"tefl: a pluggable operator layer for transformer training; inspect, check and benchmark it"};
   app.name("tefl");
   app.require_subcommand(1, 1);
+  // tefl's version and the plugin C ABI it serves (tefl/tefl.h).
+  app.set_version_flag("--version",
+                       std::string("tefl ") + TEFL_CLI_VERSION + " (plugin C ABI " + std::to_string(TEFL_ABI_MAJOR) +
+                           "." + std::to_string(TEFL_ABI_MINOR) + ")",
+                       "Print tefl's version and the plugin C ABI version it serves, and exit");
   app.failure_message(
       [](const CLI::App*, const CLI::Error& e) { return "tefl: error: " + std::string(e.what()) + "\n"; });
   tefl::cli::AddOpsCommand(app);
