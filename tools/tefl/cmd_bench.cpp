@@ -174,9 +174,11 @@ std::string CheckPlot(const std::string& file) {
   if (access(dir.c_str(), W_OK) != 0)
     throw UsageError(fmt::format("--plot {}: the directory '{}' is not writable", file, dir));
   const std::string script = PlotScript();
-  if (access(script.c_str(), R_OK) != 0)
+  if (access(script.c_str(), R_OK) != 0) {
+    const int err = errno;
     throw CliError(fmt::format("--plot: the plot script '{}'{} cannot be read: {}", script,
-                               std::getenv("TEFL_PLOT_SCRIPT") ? " (TEFL_PLOT_SCRIPT)" : "", std::strerror(errno)));
+                               std::getenv("TEFL_PLOT_SCRIPT") ? " (TEFL_PLOT_SCRIPT)" : "", std::strerror(err)));
+  }
   // python3 and matplotlib, or the chart would fail after the whole run.
   std::string output;
   int rc = -1;
