@@ -144,11 +144,18 @@ implementations are checked. Progress is shown on a terminal. `--shape` replaces
 the grid's shapes with one main-input shape; an op named by `--op` that cannot
 take it is an error, as in `explain` (without `--op`, the ops that cannot take it
 are skipped and counted as "without a built-in grid", and an error follows when
-none can). Filters that leave nothing to check (no implementation, or no built-in
+none can):
+MD
+  run "tefl check --impl default.portable --op scaled_softmax_forward --shape 4,4"
+  echo
+  cat <<'MD'
+Filters that leave nothing to check (no implementation, or no built-in
 case: `--op compute_scale_from_amax --dtype bf16`) fail with status 1, so a CI run
 with a bad filter does not pass:
 MD
-  run "tefl check --impl default.portable --op scaled_softmax_forward --shape 4,4"
+  run "tefl check --op compute_scale_from_amax --dtype bf16"
+  echo
+  echo "The built-in grid of one op and dtype, then the whole suite (\`--quiet\`: only FAIL lines and the summary):"
   run "tefl check --impl default.portable --op rmsnorm_fwd --dtype bf16"
   run "tefl check --quiet"
   echo
