@@ -182,7 +182,7 @@ roofline-style chart (bytes moved vs achieved GB/s under the copy roof) with
 file's format and directory (status 2), the script and python3 with matplotlib (status 1) are
 checked before anything is measured.
 MD
-  run "tefl bench --op rmsnorm_fwd --op gelu --op swiglu --op scaled_softmax_forward --op fused_rope_forward --dtype bf16"
+  run "tefl bench --op rmsnorm_fwd --op gelu --op swiglu --op scaled_softmax_forward --op fused_rope_forward --dtype bf16 --impl default.portable"
   run "tefl bench --op quantize --op dequantize --op compute_amax --op generic_gemm --op fused_attn_fwd"
   echo
   echo "## tefl demo"
