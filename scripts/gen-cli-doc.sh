@@ -113,9 +113,10 @@ MD
   echo
   cat <<'MD'
 The call is built from the op's built-in grid (`--dtype`, `--shape` of the main input, `--device`);
-its tensors are allocated but never written, so a big `--shape` costs no time and almost no resident
-memory; the allocation itself must succeed, though: a shape whose tensors this process cannot
-allocate (more than the memory and swap the system lets it reserve, or `ulimit -v` allows) is
+its tensors are never written, and a large one is only reserved address space (`mmap` with
+`MAP_NORESERVE`), so a `--shape` far beyond this machine's memory costs no time and almost no
+resident memory. A shape whose tensors do not fit the address space this process may take
+(`ulimit -v`, strict overcommit, or 2^47 bytes for one tensor) is
 MD
   echo "refused as bad usage, status 2 (\`$too_big ...\`). A" | fold -s -w 100 | sed 's/ $//'
   cat <<'MD'

@@ -1,6 +1,7 @@
 #include "check/tensor.h"
 
 #include <fmt/format.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cmath>
@@ -31,8 +32,23 @@ DescribeOnly::DescribeOnly() : previous_(t_describe_only) { t_describe_only = tr
 DescribeOnly::~DescribeOnly() { t_describe_only = previous_; }
 bool DescribingOnly() { return t_describe_only; }
 
+void Tensor::StorageDelete::operator()(uint8_t* p) const {
+  if (mapped != 0) {
+    munmap(p, mapped);
+  } else {
+    ::operator delete[](p, std::align_val_t(64));
+  }
+}
+
 void Tensor::Allocate(size_t n) {
-  storage_.reset(static_cast<uint8_t*>(::operator new[](n, std::align_val_t(64))));
+  if (described_only_ && n >= kReserveOnlyBytes) {
+    void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    storage_ = std::unique_ptr<uint8_t[], StorageDelete>(static_cast<uint8_t*>(p), StorageDelete{n});
+  } else {
+    storage_ = std::unique_ptr<uint8_t[], StorageDelete>(
+        static_cast<uint8_t*>(::operator new[](n, std::align_val_t(64))), StorageDelete{});
+  }
   storage_size_ = n;
 }
 
@@ -54,6 +70,7 @@ Tensor::Tensor(DType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(
         "cannot allocate a {}: {} (the most for one tensor is 2^47 bytes, 128 TiB)", DescribeTensor(dtype_, shape_),
         overflow ? std::string("its element count overflows 64 bits") : std::to_string(data_bytes) + " bytes"));
   numel_ = numel;
+  described_only_ = DescribingOnly();
   try {
     Allocate(data_bytes + 2 * kGuard);
   } catch (const std::bad_alloc&) {
@@ -61,10 +78,7 @@ Tensor::Tensor(DType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(
         fmt::format("cannot allocate {} bytes for a {}", data_bytes + 2 * kGuard, DescribeTensor(dtype_, shape_)));
   }
   Bind();
-  if (DescribingOnly()) {
-    described_only_ = true;
-    return;
-  }
+  if (described_only_) return;
   std::memset(storage_.get(), 0xA5, storage_size_);
   std::memset(bytes(), 0, data_bytes);
 }

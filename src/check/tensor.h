@@ -82,7 +82,12 @@ class Tensor {
   static constexpr size_t kGuard = 64;
   // A described-only tensor's copy copies its bytes only up to this size.
   static constexpr size_t kDescribedCopyLimit = size_t(1) << 16;
-  void Allocate(size_t n);  // storage_ of n bytes, 64-byte aligned, uninitialised
+  // storage_ of n bytes, 64-byte aligned, uninitialised. For a described-only
+  // tensor of at least kReserveOnlyBytes, address space reserved without
+  // committing memory (mmap MAP_NORESERVE): explain's call is never run, so a
+  // shape larger than this machine's memory can still be described.
+  void Allocate(size_t n);
+  static constexpr size_t kReserveOnlyBytes = size_t(1) << 20;
   void Bind();
   DType dtype_ = DType::kF32;
   std::vector<int64_t> shape_;
@@ -91,10 +96,11 @@ class Tensor {
   // Copied with memcpy: a std::vector with an aligning allocator copies and
   // destroys byte by byte (allocator_traits::construct), which unoptimised
   // sanitizer builds run at a few ns per byte.
-  struct AlignedDelete {
-    void operator()(uint8_t* p) const { ::operator delete[](p, std::align_val_t(64)); }
+  struct StorageDelete {
+    size_t mapped;  // bytes of an mmap'd reservation, else 0 (operator new[]); value-initialised: 0
+    void operator()(uint8_t* p) const;
   };
-  std::unique_ptr<uint8_t[], AlignedDelete> storage_;
+  std::unique_ptr<uint8_t[], StorageDelete> storage_;
   size_t storage_size_ = 0;
   DLTensor dl_{};
 };

@@ -57,8 +57,8 @@ void AddExplainCommand(CLI::App& app) {
       // Too big to allocate here, or for any address space: either way a
       // --shape this command cannot take.
       throw UsageError(
-          fmt::format("--shape {} is too big for explain here: {} (explain allocates the call's "
-                      "tensors, though it never writes them)",
+          fmt::format("--shape {} is too big for explain here: {} (explain reserves address space for the "
+                      "call's tensors, though it never writes them)",
                       args->shape, e.what()));
     }
     if (!c)
