@@ -187,6 +187,28 @@ TEST(PreparedCall, EmptyAndInvalidPreparations) {
   EXPECT_TRUE(moved.Run(t.InData(), t.OutData()).ok());
 }
 
+// A NULL shape is Prepare's error however warm this thread's call memo is
+// (Prepare validates in full and copies the shape; runs read only the copy).
+TEST(PreparedCall, NullShapeAfterACallOfTheSameOp) {
+  OpManager m;
+  RmsTensors t("t");
+  ASSERT_TRUE(m.Call(TEFL_OP_RMSNORM_FWD, t.In(), t.Out()).ok());
+  ASSERT_TRUE(m.Call(TEFL_OP_RMSNORM_FWD, t.In(), t.Out()).ok());  // remembered by this thread
+  PreparedCall call;
+  ASSERT_TRUE(m.Prepare(TEFL_OP_RMSNORM_FWD, t.In(), t.Out(), nullptr, &call).ok());
+  DLTensor xv = t.x.dl();
+  xv.shape = nullptr;
+  std::vector<const DLTensor*> in = {&xv, t.g.ptr()};
+  PreparedCall bad;
+  Status s = m.Prepare(TEFL_OP_RMSNORM_FWD, in, t.Out(), nullptr, &bad);
+  EXPECT_EQ(s.code(), TEFL_INVALID_ARGUMENT);
+  EXPECT_EQ(s.message(), "rmsnorm_fwd: argument 'x' (input 0): shape is NULL");
+  EXPECT_FALSE(bad.prepared());
+  // The earlier preparation is untouched and runs on its own copy of the shape.
+  EXPECT_TRUE(call.Run(t.InData(), t.OutData()).ok());
+  EXPECT_TRUE(call.Run(t.InData(), t.OutData()).ok());
+}
+
 // Absent optional arguments stay absent; contents the op's validation reads
 // (cu_seqlens) are checked on every run.
 TEST(PreparedCall, OptionalArgumentsAndContentChecks) {

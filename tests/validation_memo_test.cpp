@@ -180,6 +180,68 @@ TEST(ValidationMemo, AbsentSlotDoesNotMatchAPresentTensor) {
   tefl_status_free(memoed);
 }
 
+// A NULL shape (rank > 0) after a remembered call with the same metadata is
+// the full validation's error, not a read through NULL: the memo compares
+// shapes, so it must not take a NULL shape for a remembered one.
+TEST(ValidationMemo, NullShapeAfterARememberedCallIsAnError) {
+  OpManager mgr;
+  Tensor x(DType::kF32, {2, 8}), y(DType::kF32, {2, 8});
+  x.Uniform("x");
+  DLTensor xv = x.dl();
+  const DLTensor* in[] = {&xv};
+  DLTensor* out[] = {y.ptr()};
+  ASSERT_TRUE(mgr.Call(TEFL_OP_GELU, in, out).ok());
+  ASSERT_TRUE(mgr.Call(TEFL_OP_GELU, in, out).ok());  // remembered
+  xv.shape = nullptr;
+  Status s = mgr.Call(TEFL_OP_GELU, in, out);
+  EXPECT_EQ(s.code(), TEFL_INVALID_ARGUMENT);
+  EXPECT_EQ(s.message(), "gelu: argument 'input' (input 0): shape is NULL");
+  // The same through the C entry point (its own thread memo is the same one).
+  tefl_status* c = tefl_call(TEFL_OP_GELU, in, 1, out, 1, nullptr, nullptr);
+  EXPECT_EQ(tefl_status_code_of(c), TEFL_INVALID_ARGUMENT);
+  EXPECT_STREQ(tefl_status_message(c), "gelu: argument 'input' (input 0): shape is NULL");
+  tefl_status_free(c);
+  // An output's NULL shape, and the memo directly against ValidateCall.
+  xv.shape = x.dl().shape;
+  ASSERT_TRUE(mgr.Call(TEFL_OP_GELU, in, out).ok());
+  DLTensor yv = y.dl();
+  yv.shape = nullptr;
+  DLTensor* out_null[] = {&yv};
+  EXPECT_EQ(mgr.Call(TEFL_OP_GELU, in, out_null).message(), "gelu: argument 'output' (output 0): shape is NULL");
+  auto memo = std::make_unique<ValidationMemo>();
+  const OpSchema& op = *FindOp(TEFL_OP_GELU);
+  SigKey key;
+  const CallArgs good{in, 1, out, 1, nullptr};
+  ASSERT_EQ(ValidateCallMemo(op, good, &key, memo.get()), nullptr);
+  const CallArgs bad{in, 1, out_null, 1, nullptr};
+  tefl_status* full = ValidateCall(op, bad, &key);
+  tefl_status* memoed = ValidateCallMemo(op, bad, &key, memo.get());
+  ASSERT_NE(full, nullptr);
+  ASSERT_NE(memoed, nullptr);
+  EXPECT_STREQ(tefl_status_message(full), tefl_status_message(memoed));
+  tefl_status_free(full);
+  tefl_status_free(memoed);
+}
+
+// Strided calls remembered, then the same tensor without strides: a new
+// call (compact, valid), never a read through the NULL strides.
+TEST(ValidationMemo, NullStridesAfterARememberedStridedCall) {
+  OpManager mgr;
+  Tensor x(DType::kF32, {2, 8}), y(DType::kF32, {2, 8});
+  x.Uniform("x");
+  int64_t strides[2] = {8, 1};
+  DLTensor xv = x.dl();
+  xv.strides = strides;
+  const DLTensor* in[] = {&xv};
+  DLTensor* out[] = {y.ptr()};
+  ASSERT_TRUE(mgr.Call(TEFL_OP_GELU, in, out).ok());
+  ASSERT_TRUE(mgr.Call(TEFL_OP_GELU, in, out).ok());  // remembered
+  xv.strides = nullptr;
+  EXPECT_TRUE(mgr.Call(TEFL_OP_GELU, in, out).ok());
+  xv.shape = nullptr;  // and both NULL
+  EXPECT_EQ(mgr.Call(TEFL_OP_GELU, in, out).message(), "gelu: argument 'input' (input 0): shape is NULL");
+}
+
 // Strides whose last byte offset is INT64_MAX: an error, not signed overflow
 // (UBSan runs this in CI).
 TEST(ValidationLimits, StrideReachingInt64Max) {

@@ -382,7 +382,10 @@ inline bool AttrsEqual(const unsigned char* remembered, const void* given, size_
 // The hit test of one tensor against its remembered metadata: accumulates
 // any difference into *diff (0 = same) and sets its byte range. Metadata are
 // compared before the shape is read, so a different rank never reads past
-// the caller's shape array.
+// the caller's shape array, and a NULL shape (or NULL strides where strides
+// were remembered) is a miss: only ValidateCall reports such a tensor, and
+// nothing here reads through it. (Remembered entries passed ValidateCall, so
+// a remembered rank > 0 had a shape.)
 inline bool MemoTensorMatches(const DLTensor* t, const ValidationMemo::Tensor& m, const int64_t* dims, uintptr_t* lo,
                               uintptr_t* hi) {
   if (t == nullptr) {
@@ -394,7 +397,7 @@ inline bool MemoTensorMatches(const DLTensor* t, const ValidationMemo::Tensor& m
   static_assert(offsetof(DLTensor, dtype) == offsetof(DLTensor, ndim) + 4, "ndim and dtype are one word");
   std::memcpy(&ndim_dtype, &t->ndim, 8);
   if (((device ^ m.device) | (ndim_dtype ^ m.ndim_dtype) | (uint64_t(t->strides != nullptr) ^ m.strided)) != 0 ||
-      m.ndim < 0)
+      m.ndim < 0 || (m.ndim > 0 && t->shape == nullptr))
     return false;
   const int64_t* here = dims + m.dims_at;
   uint64_t diff = 0;
