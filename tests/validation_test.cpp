@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/catalogue.h"
+#include "core/validate.h"
 #include "test_support.h"
 
 namespace {
@@ -1166,6 +1167,53 @@ TEST(ValidationLimits, OverflowingShapesAndStrides) {
   EXPECT_EQ(s.code(), TEFL_INVALID_ARGUMENT);
   EXPECT_NE(s.message().find("address beyond 2^62 bytes"), std::string::npos) << s.message();
   EXPECT_EQ(z, std::vector<float>(64));  // nothing written
+}
+}  // namespace
+}  // namespace tefl
+
+// A tensor with a zero dimension has no elements, whatever its other
+// dimensions multiply to: [2^62, 4, 0] is valid (and empty) even though
+// 2^62 * 4 overflows before the product reaches the 0. (Checked by
+// validation and Explain: no kernel runs on these shapes here.)
+namespace tefl {
+namespace {
+TEST(ValidationLimits, EmptyTensorWhoseOtherDimsOverflow) {
+  const OpSchema& op = *FindOp(TEFL_OP_GELU);
+  int64_t empty[3] = {int64_t(1) << 62, 4, 0}, full[3] = {int64_t(1) << 62, 4, 1};
+  int64_t strides[3] = {0, 0, 1};
+  DLTensor x{nullptr, {kDLCPU, 0}, 3, {kDLFloat, 32, 1}, empty, nullptr, 0};
+  DLTensor y = x;
+  const DLTensor* in[] = {&x};
+  DLTensor* out[] = {&y};
+  const CallArgs args{in, 1, out, 1, nullptr};
+  SigKey key;
+  auto message = [](tefl_status* st) {
+    std::string m = st ? tefl_status_message(st) : "";
+    tefl_status_free(st);
+    return m;
+  };
+  EXPECT_EQ(message(ValidateCall(op, args, &key)), "");
+  auto memo = std::make_unique<ValidationMemo>();
+  EXPECT_EQ(message(ValidateCallMemo(op, args, &key, memo.get())), "");
+  EXPECT_EQ(message(ValidateCallMemo(op, args, &key, memo.get())), "");  // remembered
+  x.strides = strides;                                                   // strides (any: no element is addressed)
+  EXPECT_EQ(message(ValidateCall(op, args, &key)), "");
+  OpManager mgr;
+  Resolution r = mgr.Explain(TEFL_OP_GELU, in, out, nullptr);
+  EXPECT_EQ(r.error, "");
+  EXPECT_FALSE(r.chain.empty());
+  // The zero first was always fine; a non-zero last dim is too many elements.
+  int64_t zero_first[3] = {0, int64_t(1) << 62, 4};
+  x.strides = nullptr;
+  x.shape = y.shape = zero_first;
+  EXPECT_EQ(message(ValidateCall(op, args, &key)), "");
+  std::vector<float> data(4);
+  x.data = y.data = data.data();
+  x.shape = y.shape = full;
+  EXPECT_EQ(message(ValidateCall(op, args, &key)),
+            "gelu: argument 'input' (input 0): shape [4611686018427387904, 4, 1] has too many elements");
+  x.strides = strides;
+  EXPECT_NE(message(ValidateCall(op, args, &key)).find("has too many elements"), std::string::npos);
 }
 }  // namespace
 }  // namespace tefl

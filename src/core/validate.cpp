@@ -201,6 +201,13 @@ tefl_status* ValidateCall(const OpSchema& op, const CallArgs& args, SigKey* key,
       for (int d = 0; d < ndim; ++d)
         if (shape[d] < 0) return ArgError(op, i, fmt::format("dimension {} is negative ({})", d, shape[d]));
     }
+    if (overflow) {
+      // The product overflowed before it reached a zero dimension: a tensor
+      // with a zero dimension has no elements whatever its others are
+      // ([2^62, 4, 0] is valid, and empty).
+      for (int d = 0; d < ndim; ++d)
+        if (shape[d] == 0) overflow = false, numel = 0, compact = true;
+    }
     // Element count (and its bytes, below) must fit: a shape from a corrupt
     // caller must not turn into wrapped arithmetic.
     if (overflow || numel > (int64_t(1) << 56)) {
