@@ -5,9 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
 #include <thread>
 
+#include "core/logging.h"
 #include "test_support.h"
 
 namespace tefl {
@@ -134,6 +139,74 @@ TEST(Concurrency, ParallelForFromManyThreads) {
   }
   for (auto& t : threads) t.join();
   EXPECT_EQ(bad.load(), 0);
+}
+
+// Two managers of one registry, first calls at once: the manager that does
+// not register the built-ins and load the configured plugins waits until the
+// other has done it, so no call dispatches on a registry still being filled
+// (it got UNSUPPORTED "no implementation is registered", or ran without the
+// configured plugins). Made deterministic by holding the initialising manager
+// inside its plugin loading (the log line of a configured plugin that does not
+// exist) while the other manager calls.
+TEST(Concurrency, ManagersOfOneRegistryWaitForItsInitialisation) {
+  const char* was = std::getenv("TE_FL_PLUGIN_MODULES");
+  const std::string saved = was ? was : "";
+  setenv("TE_FL_PLUGIN_MODULES", "/nonexistent/libtefl_plugin_concurrency_probe.so", 1);
+  const int level_was = GetLogLevel();
+  SetLogLevel(TEFL_LOG_WARNING);  // the waiting manager logs nothing (the sink is busy)
+  std::mutex mu;
+  std::condition_variable cv;
+  bool loading = false, second_done = false, second_done_while_loading = false, held = false;
+  LogSink previous = SetLogSink([&](int, const std::string& line) {
+    if (line.find("concurrency_probe") == std::string::npos) return;
+    std::unique_lock<std::mutex> lock(mu);
+    if (held) return;
+    held = true;
+    loading = true;
+    cv.notify_all();
+    // Long enough for a call that does not wait to finish many times over.
+    cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return second_done; });
+    second_done_while_loading = second_done;
+    loading = false;
+  });
+  {
+    OpRegistry registry;
+    OpManager first(&registry), second(&registry);
+    auto gelu = [](OpManager& m) {
+      Tensor x(DType::kF32, {2, 8}), y(DType::kF32, {2, 8});
+      x.Uniform("x");
+      const DLTensor* in[] = {x.ptr()};
+      DLTensor* out[] = {y.ptr()};
+      return m.Call(TEFL_OP_GELU, in, out);
+    };
+    Status first_status, second_status;
+    std::thread a([&] { first_status = gelu(first); });
+    std::thread b([&] {
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        // The first manager is loading plugins now (or, failing that, the
+        // test goes on and reports that the sink never held it).
+        cv.wait_for(lock, std::chrono::seconds(10), [&] { return loading; });
+      }
+      second_status = gelu(second);
+      std::lock_guard<std::mutex> lock(mu);
+      second_done = true;
+      cv.notify_all();
+    });
+    a.join();
+    b.join();
+    EXPECT_TRUE(held);
+    EXPECT_FALSE(second_done_while_loading) << "the second manager called before the registry was initialised";
+    EXPECT_TRUE(first_status.ok()) << first_status.ToString();
+    EXPECT_TRUE(second_status.ok()) << second_status.ToString();
+  }
+  SetLogSink(std::move(previous));
+  SetLogLevel(level_was);
+  if (was) {
+    setenv("TE_FL_PLUGIN_MODULES", saved.c_str(), 1);
+  } else {
+    unsetenv("TE_FL_PLUGIN_MODULES");
+  }
 }
 
 }  // namespace

@@ -242,9 +242,15 @@ class OpManager {
   OpManager(const OpManager&) = delete;
   OpManager& operator=(const OpManager&) = delete;
 
-  // Registers the built-in backends into the registry (once; ids already
-  // present are kept) and logs the registered impl_ids. Called by the first
-  // Call() when not called before.
+  // Registers the built-in backends into the registry (once per registry;
+  // ids already present are kept), loads the configured plugins (once per
+  // registry: docs/plugin-guide.md) and logs the registered impl_ids. Called
+  // by the first Call() (Prepare, Explain) when not called before. Managers
+  // sharing a registry: each returns only once that registry's built-ins and
+  // configured plugins are registered, whichever manager registers them (a
+  // first call never dispatches on a registry still being filled). Called
+  // from a plugin's tefl_plugin_register it does nothing (the initialisation
+  // may be what is loading the plugin: it would wait for itself).
   void EnsureInitialized();
 
   // Validates, resolves (cached per call signature) and runs with fallback.

@@ -476,24 +476,35 @@ tefl_status* RegisterKeepingExisting(void* ctx, const tefl_impl_desc* desc) {
 }  // namespace
 
 void OpManager::EnsureInitialized() {
+  // From a plugin's register function: the initialisation (this manager's, or
+  // another's of the same registry) may be what is loading the plugin, on
+  // this thread; waiting for it would wait for itself. Dispatch entry points
+  // return FAILED_PRECONDITION there; this leaves the manager uninitialised.
+  if (InPluginRegister()) return;
   std::call_once(rep_->init_once, [this] {
     RegisterCpuRuntime();
     OpRegistry* registry = rep_->registry;
-    bool need_builtins, need_plugins;
     {
-      std::lock_guard<std::mutex> lock(registry->rep()->mu);
-      need_builtins = !registry->rep()->builtins_registered;
-      need_plugins = !registry->rep()->plugins_loaded;
-      registry->rep()->builtins_registered = true;
-      registry->rep()->plugins_loaded = true;
+      // Every manager of the registry waits here until the built-ins and the
+      // configured plugins are registered, whichever manager does the work:
+      // the flags only say that someone has claimed it.
+      std::lock_guard<std::mutex> init(registry->rep()->init_mu);
+      bool need_builtins, need_plugins;
+      {
+        std::lock_guard<std::mutex> lock(registry->rep()->mu);
+        need_builtins = !registry->rep()->builtins_registered;
+        need_plugins = !registry->rep()->plugins_loaded;
+        registry->rep()->builtins_registered = true;
+        registry->rep()->plugins_loaded = true;
+      }
+      if (need_builtins) {
+        tefl_registrar r = registry->Registrar();
+        r.register_impl = RegisterKeepingExisting;
+        Status s = Status::FromC(backends::RegisterBuiltinBackends(r));
+        if (!s.ok()) TEFL_LOG(ERROR, "Registering the built-in backends failed: {}", s.ToString());
+      }
+      if (need_plugins) LoadConfiguredPlugins(*registry);
     }
-    if (need_builtins) {
-      tefl_registrar r = registry->Registrar();
-      r.register_impl = RegisterKeepingExisting;
-      Status s = Status::FromC(backends::RegisterBuiltinBackends(r));
-      if (!s.ok()) TEFL_LOG(ERROR, "Registering the built-in backends failed: {}", s.ToString());
-    }
-    if (need_plugins) LoadConfiguredPlugins(*registry);
     std::string ids;
     for (const std::string& id : registry->ImplIds()) ids += (ids.empty() ? "'" : ", '") + id + "'";
     TEFL_LOG(INFO, "Registered impl_ids: [{}]", ids);

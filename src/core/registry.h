@@ -28,8 +28,17 @@ struct OpRegistry::Rep {
   mutable std::mutex mu;
   std::array<std::vector<const ImplRecord*>, TEFL_OP_COUNT_> by_op;  // registration order
   std::vector<std::unique_ptr<ImplRecord>> records;                  // every record ever added
+  // Claimed (under mu) by the initialisation that registers the built-ins /
+  // loads the configured plugins; set before that work is done, so a reader
+  // that must see it finished takes init_mu.
   bool builtins_registered = false;
-  bool plugins_loaded = false;  // LoadConfiguredPlugins ran for this registry
+  bool plugins_loaded = false;  // LoadConfiguredPlugins ran (or runs) for this registry
+  // Held by OpManager::EnsureInitialized for the whole of the registry's
+  // initialisation (built-ins, then configured plugins): every manager of
+  // this registry takes it before it is initialised, so none dispatches
+  // before the registry's built-ins and plugins are in place. Lock order:
+  // init_mu, then the plugin loader's lock, then mu.
+  std::mutex init_mu;
 
   // Under mu.
   Status CheckLocked(const OpImpl& impl, int32_t* op_id) const;
