@@ -11,6 +11,14 @@ int main(void) {
     fprintf(stderr, "host services table wrong\n");
     return 1;
   }
+  /* The built-in CPU runtime is in the host table from the start: nothing
+   * has called an op (or initialised a manager) yet. */
+  const tefl_device_runtime* cpu = host->device_runtime(kDLCPU);
+  if (cpu == NULL || cpu->device_type != kDLCPU || cpu->name == NULL || strcmp(cpu->name, "cpu") != 0 ||
+      cpu->device_count(cpu->ctx) != 1) {
+    fprintf(stderr, "the CPU device runtime is missing before the first call\n");
+    return 1;
+  }
   if (tefl_op_id("rmsnorm_fwd") != TEFL_OP_RMSNORM_FWD || tefl_op_id("no_such_op") != -1) {
     fprintf(stderr, "tefl_op_id wrong\n");
     return 1;

@@ -177,8 +177,10 @@ TEST_F(PluginTest, IncompleteDeviceRuntimeIsRefusedNotCalled) {
 }
 
 TEST(DeviceRuntimeCheck, NamesWhatIsMissing) {
-  tefl::RegisterCpuRuntime();  // (a manager's initialisation does it; this test may run alone)
-  tefl_device_runtime rt = *tefl::DeviceRuntime(kDLCPU);  // complete: the CPU's
+  // The CPU's table: complete, and there from the start (this test may run
+  // alone, before any manager initialises).
+  ASSERT_NE(tefl::DeviceRuntime(kDLCPU), nullptr);
+  tefl_device_runtime rt = *tefl::DeviceRuntime(kDLCPU);
   rt.device_type = kDLExtDev;
   rt.name = "probe";
   EXPECT_EQ(tefl::CheckDeviceRuntime(&rt), nullptr);

@@ -215,7 +215,8 @@ typedef struct tefl_host_services {
   void (*parallel_for)(int64_t n, int64_t grain, tefl_parallel_body_fn body, void* ctx);
   /* Number of threads parallel_for may use (>= 1). */
   int32_t (*num_threads)(void);
-  /* The runtime registered for a device type, or NULL. */
+  /* The runtime registered for a device type, or NULL. The built-in CPU
+   * runtime (kDLCPU, "cpu") is always there, from the first use of tefl_host(). */
   const tefl_device_runtime* (*device_runtime)(int32_t device_type);
 } tefl_host_services;
 TEFL_STATIC_ASSERT(offsetof(tefl_host_services, abi_major) == 8, "append-only");

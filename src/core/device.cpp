@@ -16,10 +16,26 @@ struct RuntimeRecord {
 std::atomic<const RuntimeRecord*> g_runtimes[kMaxDeviceTypes];
 std::mutex g_mu;
 
+tefl_status* Register(const tefl_device_runtime* runtime);
+
+// The built-in runtimes (the CPU's) are in the table before anything reads
+// or adds to it: registered once, by the first lookup or registration of
+// the process, whichever thread makes it.
+std::once_flag g_builtin_once;
+std::atomic<bool> g_builtin_ready{false};
+void EnsureBuiltinRuntimes() {
+  if (g_builtin_ready.load(std::memory_order_acquire)) return;
+  std::call_once(g_builtin_once, [] {
+    tefl_status_free(Register(&CpuDeviceRuntime()));
+    g_builtin_ready.store(true, std::memory_order_release);
+  });
+}
+
 }  // namespace
 
 const tefl_device_runtime* DeviceRuntime(int32_t device_type) {
   if (device_type < 0 || device_type >= kMaxDeviceTypes) return nullptr;
+  EnsureBuiltinRuntimes();
   const RuntimeRecord* r = g_runtimes[device_type].load(std::memory_order_acquire);
   return r ? &r->table : nullptr;
 }
@@ -53,7 +69,15 @@ tefl_status* CheckDeviceRuntime(const tefl_device_runtime* runtime) {
   return nullptr;
 }
 
+void RegisterCpuRuntime() { EnsureBuiltinRuntimes(); }
+
 tefl_status* RegisterDeviceRuntime(const tefl_device_runtime* runtime) {
+  EnsureBuiltinRuntimes();
+  return Register(runtime);
+}
+
+namespace {
+tefl_status* Register(const tefl_device_runtime* runtime) {
   if (tefl_status* e = CheckDeviceRuntime(runtime)) return e;
   const int32_t type = runtime->device_type;
   std::lock_guard<std::mutex> lock(g_mu);
@@ -73,6 +97,7 @@ tefl_status* RegisterDeviceRuntime(const tefl_device_runtime* runtime) {
   g_runtimes[type].store(record.release(), std::memory_order_release);  // never freed
   return nullptr;
 }
+}  // namespace
 
 const char* DeviceTypeName(int32_t device_type) {
   if (const tefl_device_runtime* rt = DeviceRuntime(device_type); rt && rt->name) return rt->name;

@@ -9,7 +9,9 @@ namespace tefl {
 
 constexpr int kMaxDeviceTypes = 64;  // device_mask has 64 bits
 
-// The runtime for a device type, or NULL. Lock-free read.
+// The runtime for a device type, or NULL. Lock-free read. The built-in CPU
+// runtime is always there: the first lookup or registration of the process
+// registers it (once, thread-safely), no manager needed.
 const tefl_device_runtime* DeviceRuntime(int32_t device_type);
 // NULL when `runtime` is a complete table (ABI 1.0's struct_size at least,
 // device_type in range, a name, every function set); else the error, which
@@ -19,8 +21,11 @@ tefl_status* CheckDeviceRuntime(const tefl_device_runtime* runtime);
 // for a type again is a no-op; another name for a registered type is
 // ALREADY_EXISTS.
 tefl_status* RegisterDeviceRuntime(const tefl_device_runtime* runtime);
-// Registers the CPU runtime (idempotent).
+// Registers the CPU runtime (idempotent; every lookup and registration
+// does it first, so calling it is never needed for correctness).
 void RegisterCpuRuntime();
+// The built-in CPU runtime's table (device_cpu.cpp).
+const tefl_device_runtime& CpuDeviceRuntime();
 // "cpu", "cuda", ... ; the runtime's name when registered, else DLPack's.
 const char* DeviceTypeName(int32_t device_type);
 

@@ -36,8 +36,6 @@ const tefl_device_runtime kCpuRuntime = {
 
 }  // namespace
 
-void RegisterCpuRuntime() {
-  if (DeviceRuntime(kDLCPU) == nullptr) tefl_status_free(RegisterDeviceRuntime(&kCpuRuntime));
-}
+const tefl_device_runtime& CpuDeviceRuntime() { return kCpuRuntime; }
 
 }  // namespace tefl

@@ -482,7 +482,6 @@ void OpManager::EnsureInitialized() {
   // return FAILED_PRECONDITION there; this leaves the manager uninitialised.
   if (InPluginRegister()) return;
   std::call_once(rep_->init_once, [this] {
-    RegisterCpuRuntime();
     OpRegistry* registry = rep_->registry;
     {
       // Every manager of the registry waits here until the built-ins and the
