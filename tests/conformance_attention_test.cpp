@@ -14,6 +14,8 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "backends/philox.h"
@@ -882,6 +884,83 @@ TEST(AttentionApi, FlashAttentionAllocatesOrUsesCallerOutputs) {
   ASSERT_TRUE(tefl::FlashAttention(in, a, &given).ok());
   EXPECT_EQ(given.o_storage.shape().size(), 0u);
   EXPECT_EQ(Cmp("o", c.o, ref.o, AttnTol(s.dtype)), "");
+}
+
+// The outputs structs are kept per layer in containers: a move takes the
+// allocated outputs along (o, stats, dq, ... point at the new object's own
+// storage, with the values computed), copies a caller-provided pointer as it
+// is, and leaves the source ready for another call.
+TEST(AttentionApi, OutputsStructsStayValidWhenMoved) {
+  Spec s;
+  s.softmax = TEFL_ATTN_SOFTMAX_LEARNABLE;
+  Problem ref = Make(s);
+  ASSERT_TRUE(RunFwd(ref, kReference).ok());
+  ASSERT_TRUE(RunBwd(ref, kReference).ok());
+  const tefl_attention_attrs a = s.Attrs();
+  Problem p = Make(s);
+  tefl::AttentionInputs in{p.q.ptr(), p.k.ptr(), p.v.ptr(), nullptr, nullptr, p.alpha.ptr()};
+  std::vector<tefl::FlashAttentionOutputs> layers;  // grows: every element is moved again
+  std::vector<tefl::FlashAttentionGrads> grads;
+  for (int layer = 0; layer < 5; ++layer) {
+    tefl::FlashAttentionOutputs out;
+    ASSERT_TRUE(tefl::FlashAttention(in, a, &out).ok());
+    layers.push_back(std::move(out));
+    EXPECT_EQ(out.o, nullptr);  // the source lost its allocated outputs
+    EXPECT_EQ(out.stats, nullptr);
+    EXPECT_EQ(out.o_storage.dl(), nullptr);
+    tefl::FlashAttentionGrads g;
+    ASSERT_TRUE(tefl::FlashAttentionBackward(in, ref.o.ptr(), p.d_o.ptr(), ref.stats.ptr(), a, &g).ok());
+    grads.push_back(std::move(g));
+    EXPECT_EQ(g.dq, nullptr);
+  }
+  auto check = [&](tefl::FlashAttentionOutputs& out, tefl::FlashAttentionGrads& g) {
+    ASSERT_EQ(out.o, out.o_storage.dl());
+    ASSERT_EQ(out.stats, out.stats_storage.dl());
+    ASSERT_NE(out.o, nullptr);
+    ASSERT_EQ(out.o->ndim, p.o.dl().ndim);
+    std::memcpy(p.o.bytes(), out.o->data, p.o.nbytes());
+    std::memcpy(p.stats.bytes(), out.stats->data, p.stats.nbytes());
+    EXPECT_EQ(Cmp("o", p.o, ref.o, AttnTol(s.dtype)) + Cmp("stats", p.stats, ref.stats, {1e-3, 1e-3}), "");
+    ASSERT_EQ(g.dq, g.dq_storage.dl());
+    ASSERT_EQ(g.dk, g.dk_storage.dl());
+    ASSERT_EQ(g.dv, g.dv_storage.dl());
+    ASSERT_EQ(g.d_softmax_offset, g.d_softmax_offset_storage.dl());
+    ASSERT_NE(g.dq, nullptr);
+    std::memcpy(p.dq.bytes(), g.dq->data, p.dq.nbytes());
+    std::memcpy(p.dv.bytes(), g.dv->data, p.dv.nbytes());
+    std::memcpy(p.dalpha.bytes(), g.d_softmax_offset->data, p.dalpha.nbytes());
+    EXPECT_EQ(Cmp("dq", p.dq, ref.dq, AttnTol(s.dtype)) + Cmp("dv", p.dv, ref.dv, AttnTol(s.dtype)) +
+                  Cmp("dalpha", p.dalpha, ref.dalpha, {2e-3, 2e-3}),
+              "");
+  };
+  for (size_t i = 0; i < layers.size(); ++i) {
+    SCOPED_TRACE(i);
+    check(layers[i], grads[i]);
+  }
+  // Move assignment, over a struct holding outputs of its own; self-move.
+  tefl::FlashAttentionOutputs kept;
+  ASSERT_TRUE(tefl::FlashAttention(in, a, &kept).ok());
+  tefl::FlashAttentionGrads kept_g;
+  kept = std::move(layers[0]);
+  kept_g = std::move(grads[0]);
+  auto& self = kept;
+  kept = std::move(self);
+  check(kept, kept_g);
+  // The moved-from struct allocates again on its next call.
+  ASSERT_TRUE(tefl::FlashAttention(in, a, &layers[0]).ok());
+  ASSERT_TRUE(tefl::FlashAttentionBackward(in, ref.o.ptr(), p.d_o.ptr(), ref.stats.ptr(), a, &grads[0]).ok());
+  check(layers[0], grads[0]);
+  // A caller-provided output is copied, not re-pointed.
+  Problem c = Make(s);
+  tefl::FlashAttentionOutputs given;
+  given.o = c.o.ptr();
+  ASSERT_TRUE(tefl::FlashAttention(in, a, &given).ok());
+  tefl::FlashAttentionOutputs moved(std::move(given));
+  EXPECT_EQ(moved.o, c.o.ptr());
+  EXPECT_EQ(moved.stats, moved.stats_storage.dl());
+  EXPECT_EQ(Cmp("o", c.o, ref.o, AttnTol(s.dtype)), "");
+  static_assert(!std::is_copy_constructible_v<tefl::FlashAttentionOutputs>);
+  static_assert(std::is_nothrow_move_constructible_v<tefl::FlashAttentionGrads>);
 }
 
 // A plugin-style implementation (here registered in-process into a private

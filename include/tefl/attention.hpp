@@ -64,7 +64,10 @@ struct AttentionBackend {
 // Which implementation would serve an attention call with `params`.
 AttentionBackend GetAttentionBackend(const AttentionParams& params, OpManager& manager = GetDefaultManager());
 
-// A compact host tensor owned by the API (allocated outputs).
+// A compact host tensor owned by the API (allocated outputs), zero-filled.
+// Movable, not copyable; dl() points into the object itself, so a move gives
+// the new object a DLTensor of its own (at another address) and leaves the
+// source empty (dl() NULL).
 class HostTensor {
  public:
   HostTensor() = default;
@@ -94,6 +97,12 @@ struct AttentionInputs {
   const DLTensor* softmax_offset = nullptr;  // learnable softmax alpha [h_q] f32
 };
 
+// The outputs structs own the outputs they allocate and are movable (a
+// framework keeps one per layer in a container), not copyable. A move takes
+// the storage along and re-points each output that pointed at the source's
+// own storage at the new object's; a caller-provided output pointer is
+// copied as it is. The moved-from struct is left without its allocated
+// outputs (those pointers NULL), ready for another call.
 struct FlashAttentionOutputs {
   // Caller-provided outputs, or NULL: then allocated (CPU only) into the
   // storage below and pointed at.
@@ -101,6 +110,13 @@ struct FlashAttentionOutputs {
   DLTensor* stats = nullptr;
   HostTensor o_storage, stats_storage;
   std::string impl_id;  // the implementation that ran
+
+  FlashAttentionOutputs() = default;
+  FlashAttentionOutputs(FlashAttentionOutputs&& other) noexcept;
+  FlashAttentionOutputs& operator=(FlashAttentionOutputs&& other) noexcept;
+  FlashAttentionOutputs(const FlashAttentionOutputs&) = delete;
+  FlashAttentionOutputs& operator=(const FlashAttentionOutputs&) = delete;
+  ~FlashAttentionOutputs() = default;
 };
 
 struct FlashAttentionGrads {
@@ -110,6 +126,13 @@ struct FlashAttentionGrads {
   DLTensor* d_softmax_offset = nullptr;  // NULL: allocated only for the learnable softmax
   HostTensor dq_storage, dk_storage, dv_storage, d_softmax_offset_storage;
   std::string impl_id;
+
+  FlashAttentionGrads() = default;
+  FlashAttentionGrads(FlashAttentionGrads&& other) noexcept;  // as FlashAttentionOutputs
+  FlashAttentionGrads& operator=(FlashAttentionGrads&& other) noexcept;
+  FlashAttentionGrads(const FlashAttentionGrads&) = delete;
+  FlashAttentionGrads& operator=(const FlashAttentionGrads&) = delete;
+  ~FlashAttentionGrads() = default;
 };
 
 // o, stats = fused_attn_fwd(inputs; attrs).

@@ -213,6 +213,7 @@ HostTensor::HostTensor(HostTensor&& other) noexcept
   other.dl_ = DLTensor{};
 }
 HostTensor& HostTensor::operator=(HostTensor&& other) noexcept {
+  if (this == &other) return *this;
   shape_ = std::move(other.shape_);
   storage_ = std::move(other.storage_);
   dl_ = other.dl_;
@@ -227,6 +228,40 @@ void HostTensor::Bind() {
   dl_.shape = shape_.data();
   dl_.strides = nullptr;
   dl_.byte_offset = 0;
+}
+
+// ---- Outputs structs: moves re-point the outputs they allocated -------------------------------
+namespace {
+// Moves the storage `from` into `to` and the output pointer `from_ptr` into
+// `to_ptr`: re-pointed at to's tensor when it pointed at from's own (an
+// allocated output; the source's pointer is then cleared), copied as it is
+// when the caller provided it.
+void MoveOutput(DLTensor*& to_ptr, HostTensor& to, DLTensor*& from_ptr, HostTensor& from) noexcept {
+  const bool owned = from_ptr != nullptr && from_ptr == from.dl();
+  to = std::move(from);
+  to_ptr = owned ? to.dl() : from_ptr;
+  if (owned) from_ptr = nullptr;
+}
+}  // namespace
+
+FlashAttentionOutputs::FlashAttentionOutputs(FlashAttentionOutputs&& other) noexcept { *this = std::move(other); }
+FlashAttentionOutputs& FlashAttentionOutputs::operator=(FlashAttentionOutputs&& other) noexcept {
+  if (this == &other) return *this;
+  MoveOutput(o, o_storage, other.o, other.o_storage);
+  MoveOutput(stats, stats_storage, other.stats, other.stats_storage);
+  impl_id = std::move(other.impl_id);
+  return *this;
+}
+
+FlashAttentionGrads::FlashAttentionGrads(FlashAttentionGrads&& other) noexcept { *this = std::move(other); }
+FlashAttentionGrads& FlashAttentionGrads::operator=(FlashAttentionGrads&& other) noexcept {
+  if (this == &other) return *this;
+  MoveOutput(dq, dq_storage, other.dq, other.dq_storage);
+  MoveOutput(dk, dk_storage, other.dk, other.dk_storage);
+  MoveOutput(dv, dv_storage, other.dv, other.dv_storage);
+  MoveOutput(d_softmax_offset, d_softmax_offset_storage, other.d_softmax_offset, other.d_softmax_offset_storage);
+  impl_id = std::move(other.impl_id);
+  return *this;
 }
 
 // ---- FlashAttention ---------------------------------------------------------------------------
