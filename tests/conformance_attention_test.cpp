@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -961,6 +962,62 @@ TEST(AttentionApi, OutputsStructsStayValidWhenMoved) {
   EXPECT_EQ(Cmp("o", c.o, ref.o, AttnTol(s.dtype)), "");
   static_assert(!std::is_copy_constructible_v<tefl::FlashAttentionOutputs>);
   static_assert(std::is_nothrow_move_constructible_v<tefl::FlashAttentionGrads>);
+}
+
+// HostTensor refuses a shape it cannot allocate exactly: a negative
+// dimension, or a byte count past int64 (2^31 * 2^31 * 4 floats wrapped to
+// 1 byte). The constructor throws std::invalid_argument, Create returns
+// INVALID_ARGUMENT with the same message, and FlashAttention returns it.
+TEST(AttentionApi, HostTensorRefusesShapesItCannotAllocate) {
+  const DLDataType f32{kDLFloat, 32, 1};
+  const std::vector<int64_t> negative = {-4, 8};
+  const std::vector<int64_t> huge = {int64_t(1) << 31, int64_t(1) << 31, 4};
+  const std::string negative_msg = "HostTensor: dimension 0 of shape [-4, 8] is negative (-4)";
+  const std::string huge_msg =
+      "HostTensor: shape [2147483648, 2147483648, 4] of 4-byte elements is too large (its byte count does not fit "
+      "in int64)";
+  for (const auto& [shape, msg] : {std::pair{negative, negative_msg}, std::pair{huge, huge_msg}}) {
+    SCOPED_TRACE(msg);
+    try {
+      tefl::HostTensor t(f32, shape);
+      ADD_FAILURE() << "constructed";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()), msg);
+    }
+    tefl::HostTensor kept;
+    ASSERT_TRUE(tefl::HostTensor::Create(f32, {2, 3}, &kept).ok());
+    DLTensor* before = kept.dl();
+    tefl::Status st = tefl::HostTensor::Create(f32, shape, &kept);
+    EXPECT_EQ(st.code(), TEFL_INVALID_ARGUMENT);
+    EXPECT_EQ(st.message(), msg);
+    EXPECT_EQ(kept.dl(), before);  // left as it was
+    EXPECT_EQ(kept.shape(), (std::vector<int64_t>{2, 3}));
+  }
+  // Just below and at the int64 limit (bytes + the 1 HostTensor adds).
+  const DLDataType u8{kDLUInt, 8, 1};
+  tefl::HostTensor t;
+  EXPECT_EQ(tefl::HostTensor::Create(u8, {INT64_MAX}, &t).code(), TEFL_INVALID_ARGUMENT);
+  EXPECT_EQ(tefl::HostTensor::Create(f32, {int64_t(1) << 61}, &t).code(), TEFL_INVALID_ARGUMENT);
+  // A zero dimension: empty, whatever the others multiply to.
+  tefl::HostTensor empty(f32, {int64_t(1) << 62, 4, 0});
+  ASSERT_NE(empty.dl(), nullptr);
+  EXPECT_NE(empty.dl()->data, nullptr);
+  EXPECT_EQ(empty.dl()->ndim, 3);
+  EXPECT_EQ(empty.shape(), (std::vector<int64_t>{int64_t(1) << 62, 4, 0}));
+  ASSERT_TRUE(tefl::HostTensor::Create(f32, {0}, &t).ok());
+  // FlashAttention reports an output it cannot allocate as a Status.
+  Spec s;
+  Problem p = Make(s);
+  DLTensor q = p.q.dl();
+  std::vector<int64_t> bad_shape(q.shape, q.shape + q.ndim);
+  bad_shape[1] = -1;
+  q.shape = bad_shape.data();
+  tefl::AttentionInputs in{&q, p.k.ptr(), p.v.ptr(), nullptr, nullptr, nullptr};
+  tefl::FlashAttentionOutputs out;
+  tefl::Status st = tefl::FlashAttention(in, s.Attrs(), &out);
+  EXPECT_EQ(st.code(), TEFL_INVALID_ARGUMENT);
+  EXPECT_NE(st.message().find("flash_attention: output 'o': HostTensor: dimension 1 of shape"), std::string::npos)
+      << st.message();
 }
 
 // A plugin-style implementation (here registered in-process into a private

@@ -71,7 +71,16 @@ AttentionBackend GetAttentionBackend(const AttentionParams& params, OpManager& m
 class HostTensor {
  public:
   HostTensor() = default;
+  // Throws std::invalid_argument when the shape has a negative dimension or
+  // its byte count does not fit in int64 (Create's INVALID_ARGUMENT, with the
+  // same message), std::bad_alloc when the memory is not there. A shape with
+  // a zero dimension is an empty tensor, whatever its other dimensions.
   HostTensor(DLDataType dtype, std::vector<int64_t> shape);
+  // The same as a Status, as the rest of this API reports errors:
+  // INVALID_ARGUMENT for such a shape, RUNTIME_ERROR when the memory is not
+  // there (*out is then left as it was). FlashAttention and
+  // FlashAttentionBackward allocate their outputs with it.
+  static Status Create(DLDataType dtype, std::vector<int64_t> shape, HostTensor* out);
   HostTensor(const HostTensor&) = delete;
   HostTensor& operator=(const HostTensor&) = delete;
   HostTensor(HostTensor&& other) noexcept;

@@ -6,6 +6,9 @@
 #include <climits>
 #include <cstring>
 #include <deque>
+#include <new>
+#include <stdexcept>
+#include <string>
 #include <tuple>
 #include <utility>
 
@@ -102,7 +105,8 @@ Status Ensure(DLTensor** slot, HostTensor* storage, const DLTensor* like, DLData
                               "allocated in host memory only)",
                               name));
   }
-  *storage = HostTensor(dtype, std::move(shape));
+  if (Status s = HostTensor::Create(dtype, std::move(shape), storage); !s.ok())
+    return Status(s.code(), fmt::format("flash_attention: output '{}': {}", name, s.message()));
   *slot = storage->dl();
   return Status::OK();
 }
@@ -202,10 +206,56 @@ AttentionBackend GetAttentionBackend(const AttentionParams& p, OpManager& manage
 }
 
 // ---- HostTensor ----------------------------------------------------------------------------
-HostTensor::HostTensor(DLDataType dtype, std::vector<int64_t> shape) : shape_(std::move(shape)) {
-  storage_.assign(size_t(Bytes(dtype, shape_)) + 1, 0);  // + 1: never empty (valid data pointer)
+namespace {
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string s;
+  for (int64_t d : shape) s += (s.empty() ? "" : ", ") + std::to_string(d);
+  return "[" + s + "]";
+}
+
+// The bytes of a compact tensor of `shape` (whole bytes per element), or the
+// reason there are none: a negative dimension, or a count beyond int64 (the
+// + 1 byte HostTensor adds included).
+std::string CheckedBytes(DLDataType t, const std::vector<int64_t>& shape, int64_t* bytes) {
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] < 0)
+      return fmt::format("HostTensor: dimension {} of shape {} is negative ({})", d, ShapeText(shape), shape[d]);
+  }
+  *bytes = 0;
+  for (int64_t d : shape)
+    if (d == 0) return "";  // no elements, whatever the other dimensions are
+  const int64_t elem = (int64_t(t.bits) * t.lanes + 7) / 8;
+  int64_t n = elem;
+  bool overflow = false;
+  for (int64_t d : shape) overflow |= __builtin_mul_overflow(n, d, &n);
+  if (overflow || n == INT64_MAX) {
+    return fmt::format("HostTensor: shape {} of {}-byte elements is too large (its byte count does not fit in int64)",
+                       ShapeText(shape), elem);
+  }
+  *bytes = n;
+  return "";
+}
+}  // namespace
+
+HostTensor::HostTensor(DLDataType dtype, std::vector<int64_t> shape) {
+  int64_t bytes = 0;
+  if (std::string why = CheckedBytes(dtype, shape, &bytes); !why.empty()) throw std::invalid_argument(why);
+  shape_ = std::move(shape);
+  storage_.assign(size_t(bytes) + 1, 0);  // + 1: never empty (valid data pointer)
   dl_.dtype = dtype;
   Bind();
+}
+
+Status HostTensor::Create(DLDataType dtype, std::vector<int64_t> shape, HostTensor* out) {
+  int64_t bytes = 0;
+  if (std::string why = CheckedBytes(dtype, shape, &bytes); !why.empty())
+    return Status(TEFL_INVALID_ARGUMENT, std::move(why));
+  try {
+    *out = HostTensor(dtype, std::move(shape));
+  } catch (const std::bad_alloc&) {  // (bytes + 1 <= INT64_MAX: within what a vector can hold)
+    return Status(TEFL_RUNTIME_ERROR, fmt::format("HostTensor: out of memory allocating {} bytes", bytes + 1));
+  }
+  return Status::OK();
 }
 HostTensor::HostTensor(HostTensor&& other) noexcept
     : shape_(std::move(other.shape_)), storage_(std::move(other.storage_)), dl_(other.dl_) {
