@@ -16,6 +16,7 @@
 #include <sstream>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "tefl/tefl.h"
 
@@ -440,6 +441,33 @@ TEST(Cli, ExplainDescribesCallsLargerThanMemory) {
   EXPECT_EQ(code, 0);
   EXPECT_GT(kib, 0);
   EXPECT_LT(kib, 200 * 1024) << "peak RSS " << kib << " KiB";
+}
+
+// Empty tensors whose other dims are huge ([2^60, 0], [2^60, 1, 2, 0],
+// [2^62, 4, 0]: valid, zero elements): every op's implementations run them
+// without visiting 2^60 empty rows (each check is bounded by `timeout`: such
+// a loop does not end), without a row count overflowing (UBSan, in the
+// sanitizer build) and without a mismatch against reference.cpp. A shape an
+// op cannot take is refused (status 2), as is one whose other tensors the
+// built-in grid cannot allocate (a GEMM's [2^60] bias).
+TEST(Cli, EmptyTensorsWithHugeDims) {
+  std::vector<std::string> ops;
+  for (const auto& op : Tefl("ops --json").Json()) ops.push_back(op["name"].get<std::string>());
+  ASSERT_GT(ops.size(), 60u);
+  for (const char* shape : {"1152921504606846976,0", "1152921504606846976,1,2,0", "4611686018427387904,4,0"})
+    for (const std::string& op : ops) {
+      SCOPED_TRACE(op + " --shape " + shape);
+      const Result r = Tefl(fmt::format("check --op {} --shape {}", op, shape), "", "timeout 120 ");
+      ASSERT_NE(r.code, 124) << "timed out";
+      if (r.code == 0) {
+        EXPECT_NE(r.out.find(" 0 failed"), std::string::npos) << r.out;
+      } else {
+        EXPECT_TRUE(r.err.find("can be built") != std::string::npos ||
+                    r.err.find("cannot allocate") != std::string::npos ||
+                    r.err.find("out of memory") != std::string::npos)
+            << "status " << r.code << ": " << r.err << r.out.substr(0, 2000);
+      }
+    }
 }
 
 TEST(Cli, ExplainDoesNotFillTheTensors) {

@@ -23,11 +23,12 @@ struct Matrix {
 };
 inline Matrix View(const DLTensor* t) { return Matrix{DataPtr(t), DTypeOf(t->dtype)}; }
 
-// N = the product of every dim but the last.
+// N = the product of every dim but the last: the rows a kernel visits. 0
+// when the last dim is 0: rows without elements need no visit, and there
+// may be 2^60 of them ([2^60, 0]) or more than int64 counts ([2^62, 4, 0]);
+// the ops with per-row outputs (the norms) require a last dim >= 1.
 inline int64_t LeadingRows(const DLTensor* x) {
-  int64_t n = 1;
-  for (int d = 0; d + 1 < x->ndim; ++d) n *= x->shape[d];
-  return n;
+  return x->ndim == 0 || x->shape[x->ndim - 1] == 0 ? 0 : DimProduct(x->shape, 0, x->ndim - 1);
 }
 
 inline bool IsFloatType(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }

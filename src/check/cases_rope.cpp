@@ -76,8 +76,11 @@ std::vector<Case> RopeCases(const std::string& op, const GridOptions& o) {
   for (const std::vector<int64_t>& g : Shapes(o)) {
     if (g.size() != 4) continue;
     const int64_t s = g[0], b = g[1], h = g[2], d = g[3];
+    int64_t tokens = 0;
+    if (__builtin_mul_overflow(s, b, &tokens)) continue;  // s * b tokens (thd, freqs) past int64
     for (DType t : DTypes(o)) {
       for (int32_t format : {TEFL_QKV_SBHD, TEFL_QKV_BSHD, TEFL_QKV_THD}) {
+        if (format == TEFL_QKV_THD && tokens > INT32_MAX) continue;  // int32 cu_seqlens cannot count them
         for (int32_t interleaved : {0, 1}) {
           for (int64_t d2 : {d, (d / 2) & ~int64_t(1)}) {
             if (d2 == 0 && d != 0) continue;

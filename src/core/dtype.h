@@ -268,7 +268,21 @@ inline void StoreFromDouble(void* base, int64_t i, DType t, double v) {
 // Pointer to element 0 of a tensor (data + byte_offset).
 inline void* DataPtr(const DLTensor* t) { return t ? static_cast<char*>(t->data) + t->byte_offset : nullptr; }
 
+// The product of shape[begin, end); 0 when it overflows int64, which
+// validation allows only for an empty tensor (a zero dim outside the range,
+// e.g. the leading dims of [2^62, 4, 0]): such a tensor has nothing to visit.
+inline int64_t DimProduct(const int64_t* shape, int begin, int end) {
+  int64_t n = 1;
+  for (int d = begin; d < end; ++d)
+    if (__builtin_mul_overflow(n, shape[d], &n)) return 0;
+  return n;
+}
+
+// The element count; 0 when any dim is 0, even where the other dims'
+// product overflows int64 (validation accepts such an empty tensor).
 inline int64_t NumElements(const DLTensor* t) {
+  for (int i = 0; i < t->ndim; ++i)
+    if (t->shape[i] == 0) return 0;
   int64_t n = 1;
   for (int i = 0; i < t->ndim; ++i) n *= t->shape[i];
   return n;

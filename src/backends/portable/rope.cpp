@@ -467,6 +467,7 @@ tefl_status* RopeKernel(const tefl_call_frame* f, bool backward) {
     const DLTensor* start = f->inputs[2];
     const DLTensor* cu = f->inputs[3];
     const DLTensor* y = f->outputs[0];
+    if (NumElements(y) == 0) return nullptr;  // d = 0 or no token: nothing to write
     const DType dt = DTypeOf(x->dtype);
     if (!IsFloatType(dt) || DTypeOf(y->dtype) != dt)
       return Status(f, TEFL_UNSUPPORTED, "dtypes other than fp32/fp16/bf16");

@@ -103,8 +103,7 @@ struct ClampedSilu {
 // Rows = product of all dims but the last; cols = the last dim.
 void RowsCols(const DLTensor* x, int64_t* rows, int64_t* cols) {
   *cols = x->shape[x->ndim - 1];
-  *rows = 1;
-  for (int d = 0; d + 1 < x->ndim; ++d) *rows *= x->shape[d];
+  *rows = LeadingRows(x);  // 0 when cols is 0
 }
 
 // ---- One kernel per kind -----------------------------------------------------------

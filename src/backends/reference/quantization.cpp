@@ -129,6 +129,7 @@ tefl_status* DelayedScaleUpdate(const tefl_call_frame* f, void*) {
   const float* scale = F32(f->inputs[1]);
   float* new_hist = F32(f->outputs[0]);
   float* new_scale = F32(f->outputs[1]);
+  if (n == 0) return nullptr;  // no column (len may be anything: [2^60, 0])
   std::vector<float> column(static_cast<size_t>(len));
   for (int64_t j = 0; j < n; ++j) {
     for (int64_t i = 0; i < len; ++i) column[size_t(i)] = hist[i * n + j];
@@ -161,6 +162,7 @@ tefl_status* Fp8Transpose(const tefl_call_frame* f, void*) {
   const int64_t m = qt->shape[0], n = qt->shape[1];
   const auto* q = static_cast<const uint8_t*>(DataPtr(qt));
   auto* t = static_cast<uint8_t*>(DataPtr(f->outputs[0]));
+  if (n == 0) return nullptr;  // [M, 0]: nothing to write, for any M
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j) t[j * m + i] = q[i * n + j];
   return nullptr;

@@ -106,6 +106,7 @@ tefl_status* Rope(const tefl_call_frame* f, bool backward) {
   const DLTensor* start = f->inputs[2];
   const DLTensor* cu = f->inputs[3];
   const DLTensor* y = f->outputs[0];
+  if (NumElements(y) == 0) return nullptr;  // d = 0 or no token: nothing to write (and [2^60, 1, 2, 0] has no rows)
   const Elems in = ElemsOf(x), out = ElemsOf(y);
   const bool interleaved = attrs->interleaved != 0;
   const int64_t d2 = freqs->shape[3];

@@ -44,8 +44,7 @@ tefl_status* Forward(const tefl_call_frame* f, Kind kind) {
   const int nd = xt->ndim;
   const int64_t sk = xt->shape[nd - 1];
   const int64_t sq = xt->shape[nd - 2];
-  int64_t rows = 1;
-  for (int d = 0; d + 1 < nd; ++d) rows *= xt->shape[d];
+  const int64_t rows = LeadingRows(xt);  // 0 when sk is 0
   // Masked: input [b, h, sq, sk], mask [b or 1, 1, sq, sk].
   const DLTensor* mt = kind == Kind::kMasked ? f->inputs[1] : nullptr;
   const auto* mask = mt ? static_cast<const uint8_t*>(DataPtr(mt)) : nullptr;
@@ -98,8 +97,7 @@ tefl_status* Backward(const tefl_call_frame* f) {
   const Matrix dy = View(dyt), y = View(f->inputs[1]), dx = View(f->outputs[0]);
   const double scale = Scale(f);
   const int64_t sk = dyt->shape[dyt->ndim - 1];
-  int64_t rows = 1;
-  for (int d = 0; d + 1 < dyt->ndim; ++d) rows *= dyt->shape[d];
+  const int64_t rows = LeadingRows(dyt);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t base = r * sk;
     double dot = 0.0;
