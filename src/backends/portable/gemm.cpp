@@ -526,19 +526,22 @@ struct Bf16Job {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
-// Per lane: the magnitude bits of a nonzero bf16, kNoMagnitude for +-0
-// (the vector NonzeroMagnitude; min-reduced by MinLane).
-__attribute__((target("avx512f,avx512bw"))) inline __m512i NonzeroMagnitude32(__m512i v) {
-  const __m512i mag = _mm512_and_si512(v, _mm512_set1_epi16(0x7FFF));
-  return _mm512_mask_mov_epi16(mag, _mm512_cmpeq_epi16_mask(mag, _mm512_setzero_si512()), _mm512_set1_epi16(-1));
+// Per lane: a bf16's magnitude bits minus 1, wrapping, so that +-0 becomes
+// 0xFFFF and an unsigned min over lanes skips zeros without a compare (two
+// operations per vector: packing runs these on every value it moves). The
+// lanes start at 0xFFFF; MinLane turns the min back into a magnitude.
+__attribute__((target("avx512f,avx512bw"))) inline __m512i MagnitudeLess1(__m512i v) {
+  return _mm512_sub_epi16(_mm512_and_si512(v, _mm512_set1_epi16(0x7FFF)), _mm512_set1_epi16(1));
 }
-__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m256i NonzeroMagnitude16(__m256i v) {
-  const __m256i mag = _mm256_and_si256(v, _mm256_set1_epi16(0x7FFF));
-  return _mm256_mask_mov_epi16(mag, _mm256_cmpeq_epi16_mask(mag, _mm256_setzero_si256()), _mm256_set1_epi16(-1));
+__attribute__((target("avx2"))) inline __m256i MagnitudeLess1(__m256i v) {
+  return _mm256_sub_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x7FFF)), _mm256_set1_epi16(1));
 }
+// The smallest nonzero magnitude of lanes of MagnitudeLess1 values
+// (kNoMagnitude = 0xFFFF when every lane is 0xFFFF: no nonzero value).
 __attribute__((target("avx2"))) inline uint16_t MinLane(__m256i v) {
   const __m128i m = _mm_min_epu16(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  return uint16_t(_mm_cvtsi128_si32(_mm_minpos_epu16(m)));
+  const auto less1 = uint16_t(_mm_cvtsi128_si32(_mm_minpos_epu16(m)));
+  return less1 == kNoMagnitude ? kNoMagnitude : uint16_t(less1 + 1);
 }
 __attribute__((target("avx512f,avx512bw"))) inline uint16_t MinLane(__m512i v) {
   return MinLane(_mm256_min_epu16(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1)));
@@ -554,9 +557,8 @@ __attribute__((target("avx512f,avx512bw"))) uint16_t MinMagnitudeBf16(const void
   int64_t i = 0;
   constexpr int64_t kBlock = 2048;  // values per early-exit check
   for (; i + kBlock <= n; i += kBlock) {
-    for (int64_t j = i; j < i + kBlock; j += 32)
-      lo = _mm512_min_epu16(lo, NonzeroMagnitude32(_mm512_loadu_si512(h + j)));
-    if (_mm512_cmplt_epu16_mask(lo, _mm512_set1_epi16(0x80))) return MinLane(lo);
+    for (int64_t j = i; j < i + kBlock; j += 32) lo = _mm512_min_epu16(lo, MagnitudeLess1(_mm512_loadu_si512(h + j)));
+    if (_mm512_cmplt_epu16_mask(lo, _mm512_set1_epi16(0x7F))) return MinLane(lo);  // magnitude 1 .. 0x7F
   }
   uint16_t m = MinLane(lo);
   for (; i < n; ++i) m = std::min(m, NonzeroMagnitude(h[i]));
@@ -609,7 +611,7 @@ __attribute__((target("avx2,avx512f,avx512bw,avx512vl"))) int64_t PackRows8(cons
     __m256i r[8];
     for (int i = 0; i < 8; ++i) {
       r[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i * k + 2 * p));
-      lo = _mm256_min_epu16(lo, NonzeroMagnitude16(r[i]));
+      lo = _mm256_min_epu16(lo, MagnitudeLess1(r[i]));
     }
     Transpose8x8Epi32(r);
     for (int q = 0; q < 8; ++q) _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + (p + q) * ld), r[q]);
@@ -619,14 +621,14 @@ __attribute__((target("avx2,avx512f,avx512bw,avx512vl"))) int64_t PackRows8(cons
 }
 
 // Two rows of B (no transb), 32 columns, interleaved into 32 pairs; the
-// rows' nonzero magnitudes are min-folded into `mags` (per lane).
+// rows' magnitudes are min-folded into `mags` (MagnitudeLess1 lanes).
 __attribute__((target("avx512f,avx512bw"))) inline void PackBPair32(const uint16_t* r0, const uint16_t* r1,
                                                                     uint32_t* dst, __m512i& mags) {
   const __m512i x0 = _mm512_loadu_si512(r0), x1 = _mm512_loadu_si512(r1);
   const __m512i lo = _mm512_unpacklo_epi16(x0, x1), hi = _mm512_unpackhi_epi16(x0, x1);
   _mm512_storeu_si512(dst, _mm512_permutex2var_epi64(lo, _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), hi));
   _mm512_storeu_si512(dst + 16, _mm512_permutex2var_epi64(lo, _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15), hi));
-  mags = _mm512_min_epu16(mags, _mm512_min_epu16(NonzeroMagnitude32(x0), NonzeroMagnitude32(x1)));
+  mags = _mm512_min_epu16(mags, _mm512_min_epu16(MagnitudeLess1(x0), MagnitudeLess1(x1)));
 }
 #pragma GCC diagnostic pop
 
@@ -767,7 +769,7 @@ __attribute__((target("avx512f,avx512bw"))) void PackAAmxBody(void* ctx, int64_t
             // row's end; a prefetch past A's end is harmless).
             _mm_prefetch(reinterpret_cast<const char*>(src) + 512, _MM_HINT_T0);
             v = _mm512_maskz_loadu_epi16(m, src);
-            mags = _mm512_min_epu16(mags, NonzeroMagnitude32(v));
+            mags = _mm512_min_epu16(mags, MagnitudeLess1(v));
           }
           _mm512_storeu_si512(dst + c * kChunkWords + r * kAmxPairs, v);
         }
