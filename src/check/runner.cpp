@@ -66,10 +66,13 @@ class DeviceTensors {
 
 bool AllSentinel(const Tensor& now, const Tensor& before) { return now.SameBytes(before); }
 
-// The implementation's own reason, without the strict policy's preamble
-// ("op: strict mode (...): the first candidate X cannot run: ", "... X
-// declined: ", "... X failed: "): check pins each implementation strictly
-// itself, so the preamble says nothing the user asked for.
+std::string OutputName(const std::string& op, size_t i) {
+  const OpSchema* s = FindOp(op);
+  return s && i < s->outputs.size() ? s->outputs[i].name : "output " + std::to_string(i);
+}
+
+}  // namespace
+
 std::string ImplReason(const std::string& message) {
   const size_t strict = message.find(": strict mode (");
   if (strict == std::string::npos) return message;
@@ -79,13 +82,6 @@ std::string ImplReason(const std::string& message) {
   }
   return message;
 }
-
-std::string OutputName(const std::string& op, size_t i) {
-  const OpSchema* s = FindOp(op);
-  return s && i < s->outputs.size() ? s->outputs[i].name : "output " + std::to_string(i);
-}
-
-}  // namespace
 
 CheckResult RunCheck(const Case& c, const std::string& impl_id, DLDeviceType device,
                      const std::vector<Tensor>& expected) {

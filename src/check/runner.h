@@ -29,6 +29,13 @@ CheckResult RunCheck(const Case& c, const std::string& impl_id, DLDeviceType dev
 // reference.cpp's outputs for the case, or an error.
 Status RunReference(const Case& c, std::vector<Tensor>* expected);
 
+// The implementation's own reason in the message of a call pinned to it
+// with a strict policy, without the policy's preamble ("op: strict mode
+// (...): the first candidate X cannot run: ", "... X declined: ", "... X
+// failed: "): check and bench pin each implementation themselves, so the
+// preamble says nothing the user asked for. Other messages unchanged.
+std::string ImplReason(const std::string& message);
+
 }  // namespace tefl::check
 
 #endif  // TEFL_SRC_CHECK_RUNNER_H_

@@ -23,6 +23,7 @@
 
 #include "backends/portable/cpu_paths.h"
 #include "check/cases.h"
+#include "check/runner.h"
 #include "cli_support.h"
 #include "core/thread_pool.h"
 
@@ -134,21 +135,6 @@ std::string PlotScript() {
     if (access(path.c_str(), R_OK) == 0) return path;
   }
   return TEFL_PLOT_SCRIPT;  // missing: the run reports it
-}
-
-// The implementation's own reason for a pinned call that did not run,
-// without the strict policy's preamble ("op: strict mode (policy set in
-// code): the first candidate 'X' ... cannot run: "): bench pins each
-// implementation itself, so the preamble says nothing the user asked for.
-// (tefl check words it the same way.)
-std::string ImplReason(const std::string& message) {
-  const size_t strict = message.find(": strict mode (");
-  if (strict == std::string::npos) return message;
-  for (const char* marker : {" cannot run: ", " declined: ", " failed: "}) {
-    const size_t at = message.find(marker, strict);
-    if (at != std::string::npos) return message.substr(at + std::strlen(marker));
-  }
-  return message;
 }
 
 // What savefig writes without further packages (jpg, tiff, webp need Pillow).
@@ -311,7 +297,7 @@ void AddBenchCommand(CLI::App& app) {
         nlohmann::json row = {{"op", op->name},   {"impl", impl.impl_id}, {"dtype", c.dtype},
                               {"shape", c.shape}, {"bytes", bytes},       {"copy_gbps", copy_bps / 1e9}};
         if (!first.ok()) {
-          add_not_run(op->name, impl.impl_id, c.dtype, c.shape, ImplReason(first.message()));
+          add_not_run(op->name, impl.impl_id, c.dtype, c.shape, check::ImplReason(first.message()));
           continue;
         }
         // The pinned policy is built once; each sample is one call.
