@@ -15,6 +15,19 @@ namespace {
 
 using testing::Tensor;
 
+// An invalid call: the memo (holding a remembered entry) reports exactly
+// the full validation's error, never a read through what it compares.
+void ExpectMemoErrorIsFullError(const OpSchema& op, const CallArgs& args, ValidationMemo* memo) {
+  SigKey key;
+  tefl_status* full = ValidateCall(op, args, &key);
+  tefl_status* memoed = ValidateCallMemo(op, args, &key, memo);
+  ASSERT_NE(full, nullptr);
+  ASSERT_NE(memoed, nullptr);
+  EXPECT_STREQ(tefl_status_message(full), tefl_status_message(memoed));
+  tefl_status_free(full);
+  tefl_status_free(memoed);
+}
+
 // A pool of tensors the random calls draw from: two shapes, several dtypes,
 // and views that alias each other, so that valid and invalid calls mix.
 struct Pool {
@@ -170,14 +183,7 @@ TEST(ValidationMemo, AbsentSlotDoesNotMatchAPresentTensor) {
   ASSERT_EQ(ValidateCallMemo(op, args, &key, memo.get()), nullptr);  // remembered
   DLTensor zeroed{};                                                 // present, but dtype (0, 0, 0) and rank 0
   const DLTensor* in2[] = {x.ptr(), freqs.ptr(), &zeroed, nullptr};
-  const CallArgs args2{in2, 4, outs, 1, &attrs};
-  tefl_status* full = ValidateCall(op, args2, &key);
-  tefl_status* memoed = ValidateCallMemo(op, args2, &key, memo.get());
-  ASSERT_NE(full, nullptr);
-  ASSERT_NE(memoed, nullptr);
-  EXPECT_STREQ(tefl_status_message(full), tefl_status_message(memoed));
-  tefl_status_free(full);
-  tefl_status_free(memoed);
+  ExpectMemoErrorIsFullError(op, CallArgs{in2, 4, outs, 1, &attrs}, memo.get());
 }
 
 // A NULL shape (rank > 0) after a remembered call with the same metadata is
@@ -213,14 +219,7 @@ TEST(ValidationMemo, NullShapeAfterARememberedCallIsAnError) {
   SigKey key;
   const CallArgs good{in, 1, out, 1, nullptr};
   ASSERT_EQ(ValidateCallMemo(op, good, &key, memo.get()), nullptr);
-  const CallArgs bad{in, 1, out_null, 1, nullptr};
-  tefl_status* full = ValidateCall(op, bad, &key);
-  tefl_status* memoed = ValidateCallMemo(op, bad, &key, memo.get());
-  ASSERT_NE(full, nullptr);
-  ASSERT_NE(memoed, nullptr);
-  EXPECT_STREQ(tefl_status_message(full), tefl_status_message(memoed));
-  tefl_status_free(full);
-  tefl_status_free(memoed);
+  ExpectMemoErrorIsFullError(op, CallArgs{in, 1, out_null, 1, nullptr}, memo.get());
 }
 
 // Strided calls remembered, then the same tensor without strides: a new
