@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -22,6 +23,29 @@
 #include "test_support.h"
 
 namespace {
+
+// ctest runs this whole suite again with one portable path switched off
+// (GemmNoAmx, GemmF32OpenBlas; tests/CMakeLists.txt), naming in
+// TEFL_TEST_VARIANT_NEEDS what the CPU must have for that run to differ from
+// the default one: "amx" (the AMX tiles) or "avx512" (the own fp32 tiles).
+// On a CPU without it the variant would repeat the default run test for
+// test (under AddressSanitizer ~8 minutes on a 2-core Zen 3), so every test
+// is skipped, with the reason, which ctest's SKIP_REGULAR_EXPRESSION reports.
+class RedundantVariantSkip : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    const char* needs = std::getenv("TEFL_TEST_VARIANT_NEEDS");
+    if (needs == nullptr) return;
+    const std::string n = needs;
+    const bool has = n == "amx"      ? tefl::backends::CpuHasAmxBf16()
+                     : n == "avx512" ? tefl::backends::CpuHasAvx512()
+                                     : true;  // an unknown name: run, never skip silently
+    if (!has) GTEST_SKIP() << "variant redundant on this CPU: it has no " << n << ", so the run equals the default one";
+  }
+};
+// gtest's own idiom (as TEST's registration): before main's RUN_ALL_TESTS.
+[[maybe_unused]] ::testing::Environment* const kRedundantVariantSkip =
+    ::testing::AddGlobalTestEnvironment(new RedundantVariantSkip);
 
 using tefl::DType;
 using tefl::Status;
