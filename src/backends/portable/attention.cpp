@@ -55,6 +55,7 @@
 #include "backends/backends.h"
 #include "backends/kernel_support.h"
 #include "backends/philox.h"
+#include "backends/portable/amx_tiles.h"
 #include "backends/portable/cpu_paths.h"
 #include "core/dtype.h"
 #include "tefl/ops.h"
@@ -103,6 +104,7 @@ struct AttnCtx {
   // slot_words per query item (Items order), first_qblk: [b] the first
   // query item of each sequence.
   bool bf16dot = false;
+  bool amx = false;  // bf16dot's products on AMX tiles where their sizes allow ("AMX tiles" below)
   uint32_t* q16 = nullptr;
   const int64_t* first_qblk = nullptr;
   int64_t slot_words = 0;
@@ -186,11 +188,18 @@ inline bool ExtraLogit(const AttnCtx& c, int64_t h, float* logit) {
 #define TEFL_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
 inline bool CpuHasBf16Dot() { return CpuHasAvx512Bf16(); }
-inline bool AnySubnormalBf16(const void* p, int64_t n) {
+// Whether any of n bf16 values is subnormal (exponent 0, mantissa not 0).
+// Only where CpuHasBf16Dot().
+TEFL_BF16_TARGET inline bool AnySubnormalBf16(const void* p, int64_t n) {
   const auto* h = static_cast<const uint16_t*>(p);
-  bool any = false;
-  for (int64_t i = 0; i < n; ++i) any |= (h[i] & 0x7F80u) == 0 && (h[i] & 0x7Fu) != 0;
-  return any;
+  const __m512i exponent = _mm512_set1_epi16(0x7F80), mantissa = _mm512_set1_epi16(0x7F);
+  __mmask32 any = 0;
+  for (int64_t i = 0; i < n; i += 32) {
+    const __mmask32 m = n - i >= 32 ? ~__mmask32(0) : __mmask32((1u << (n - i)) - 1u);
+    const __m512i v = _mm512_maskz_loadu_epi16(m, h + i);  // zeros past the end: not subnormal
+    any |= _mm512_testn_epi16_mask(v, exponent) & _mm512_test_epi16_mask(v, mantissa);
+  }
+  return any != 0;
 }
 
 constexpr size_t kDotCols = 64;  // columns per micro-kernel step (4 zmm)
@@ -202,18 +211,17 @@ constexpr size_t kDotCols = 64;  // columns per micro-kernel step (4 zmm)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 // C[M x N] (+)= alpha * A B over Kp reduction pairs. A(i, p) at A[i * lda +
-// p] (kTransA: A[p * lda + i]), B(p, j) at B[p * ldb + j]; M % 4 == 0, N %
-// 64 == 0. A 4 x 64 block of C stays in registers over the whole K loop.
-template <bool kAccumulate, bool kTransA>
+// p], B(p, j) at B[p * ldb + j]; M % 4 == 0, N % 64 == 0. A 4 x 64 block of
+// C stays in registers over the whole K loop.
+template <bool kAccumulate>
 TEFL_BF16_TARGET void DotGemm(const uint32_t* __restrict A, size_t lda, const uint32_t* __restrict B, size_t ldb,
                               float* __restrict C, size_t ldc, size_t M, size_t N, size_t Kp, float alpha) {
-  const size_t rs = kTransA ? 1 : lda, ks = kTransA ? lda : 1;
   const __m512 va = _mm512_set1_ps(alpha);
   for (size_t i = 0; i < M; i += 4) {
-    const uint32_t* a0 = A + i * rs;
-    const uint32_t* a1 = a0 + rs;
-    const uint32_t* a2 = a1 + rs;
-    const uint32_t* a3 = a2 + rs;
+    const uint32_t* a0 = A + i * lda;
+    const uint32_t* a1 = a0 + lda;
+    const uint32_t* a2 = a1 + lda;
+    const uint32_t* a3 = a2 + lda;
     for (size_t j = 0; j < N; j += kDotCols) {
       __m512 c00 = _mm512_setzero_ps(), c01 = c00, c02 = c00, c03 = c00, c10 = c00, c11 = c00, c12 = c00, c13 = c00;
       __m512 c20 = c00, c21 = c00, c22 = c00, c23 = c00, c30 = c00, c31 = c00, c32 = c00, c33 = c00;
@@ -223,7 +231,7 @@ TEFL_BF16_TARGET void DotGemm(const uint32_t* __restrict A, size_t lda, const ui
         const __m512bh b2 = (__m512bh)_mm512_loadu_si512(b + 32), b3 = (__m512bh)_mm512_loadu_si512(b + 48);
 #define TEFL_DOT_ROW(r)                                                 \
   {                                                                     \
-    const __m512bh av = (__m512bh)_mm512_set1_epi32(int(a##r[p * ks])); \
+    const __m512bh av = (__m512bh)_mm512_set1_epi32(int(a##r[p]));      \
     c##r##0 = _mm512_dpbf16_ps(c##r##0, av, b0);                        \
     c##r##1 = _mm512_dpbf16_ps(c##r##1, av, b1);                        \
     c##r##2 = _mm512_dpbf16_ps(c##r##2, av, b2);                        \
@@ -250,6 +258,100 @@ TEFL_BF16_TARGET void DotGemm(const uint32_t* __restrict A, size_t lda, const ui
 #undef TEFL_DOT_STORE
     }
   }
+}
+
+// ---- AMX tiles (tdpbf16ps) ----
+// Where the CPU has AMX-BF16 (and TEFL_PORTABLE_ATTN_AMX is not 0), the same
+// products run on AMX tiles: DotGemm's A rows are exactly tdpbf16ps's A tile
+// rows (16 K pairs of 4 bytes) and its B rows its B tile rows (16 columns of
+// one K pair), so the operands are shared by both paths. Tiles 0-3 hold a
+// 32 x 32 block of C in fp32, 4-5 two 16-row A tiles, 6-7 two 16-column B
+// tiles (amx_tiles.h's configuration, loaded by the thread: FwdRange and
+// BwdKvChunk). Each C element sums its K pairs in order, as vdpbf16ps does;
+// the two units may round their sums differently. Subnormal inputs are ruled
+// out by the bf16dot checks; subnormal results are flushed, as by vdpbf16ps.
+#if TEFL_HAVE_AMX_TILES
+#define TEFL_AMX_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")))
+
+// One block of C of kRi x kRj 16 x 16 tiles (C tile (ri, rj) in tile 2 ri +
+// rj) over Kp pairs (Kp % 16 == 0).
+template <bool kAccumulate, int kRi, int kRj>
+TEFL_AMX_TARGET inline void AmxDotBlock(const uint32_t* A, size_t lda, const uint32_t* B, size_t ldb, float* C,
+                                        size_t ldc, size_t Kp) {
+  const size_t sa = lda * 4, sb = ldb * 4, sc = ldc * 4;
+  float* c1 = C + 16;
+  float* c2 = C + 16 * ldc;
+  float* c3 = c2 + 16;
+  if constexpr (kAccumulate) {
+    _tile_loadd(0, C, sc);
+    if constexpr (kRj == 2) _tile_loadd(1, c1, sc);
+    if constexpr (kRi == 2) _tile_loadd(2, c2, sc);
+    if constexpr (kRi == 2 && kRj == 2) _tile_loadd(3, c3, sc);
+  } else {
+    _tile_zero(0);
+    if constexpr (kRj == 2) _tile_zero(1);
+    if constexpr (kRi == 2) _tile_zero(2);
+    if constexpr (kRi == 2 && kRj == 2) _tile_zero(3);
+  }
+  for (size_t p = 0; p < Kp; p += 16) {
+    _tile_loadd(4, A + p, sa);
+    _tile_loadd(6, B + p * ldb, sb);
+    if constexpr (kRi == 2) _tile_loadd(5, A + 16 * lda + p, sa);
+    if constexpr (kRj == 2) _tile_loadd(7, B + p * ldb + 16, sb);
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (kRj == 2) _tile_dpbf16ps(1, 4, 7);
+    if constexpr (kRi == 2) _tile_dpbf16ps(2, 5, 6);
+    if constexpr (kRi == 2 && kRj == 2) _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, C, sc);
+  if constexpr (kRj == 2) _tile_stored(1, c1, sc);
+  if constexpr (kRi == 2) _tile_stored(2, c2, sc);
+  if constexpr (kRi == 2 && kRj == 2) _tile_stored(3, c3, sc);
+}
+
+// DotGemm's product on AMX tiles: M, N and Kp multiples of 16; alpha == 1
+// when kAccumulate.
+template <bool kAccumulate>
+TEFL_AMX_TARGET void AmxDotGemm(const uint32_t* A, size_t lda, const uint32_t* B, size_t ldb, float* C, size_t ldc,
+                                size_t M, size_t N, size_t Kp, float alpha) {
+  for (size_t i = 0; i < M; i += 32) {
+    const uint32_t* a = A + i * lda;
+    for (size_t j = 0; j < N; j += 32) {
+      const uint32_t* b = B + j;
+      float* c = C + i * ldc + j;
+      const bool two_i = i + 32 <= M, two_j = j + 32 <= N;
+      if (two_i && two_j)
+        AmxDotBlock<kAccumulate, 2, 2>(a, lda, b, ldb, c, ldc, Kp);
+      else if (two_i)
+        AmxDotBlock<kAccumulate, 2, 1>(a, lda, b, ldb, c, ldc, Kp);
+      else if (two_j)
+        AmxDotBlock<kAccumulate, 1, 2>(a, lda, b, ldb, c, ldc, Kp);
+      else
+        AmxDotBlock<kAccumulate, 1, 1>(a, lda, b, ldb, c, ldc, Kp);
+    }
+  }
+  if (!kAccumulate && alpha != 1.0f) {
+    const __m512 va = _mm512_set1_ps(alpha);
+    for (size_t i = 0; i < M; ++i) {
+      float* row = C + i * ldc;
+      for (size_t j = 0; j < N; j += 16) _mm512_storeu_ps(row + j, _mm512_mul_ps(_mm512_loadu_ps(row + j), va));
+    }
+  }
+}
+#endif
+
+// C[M x N] (+)= alpha * A B (DotGemm's operands and bounds) on AMX tiles when
+// the call may use them and the sizes are whole tiles, else on vdpbf16ps.
+template <bool kAccumulate>
+TEFL_BF16_TARGET inline void Dot(const AttnCtx& c, const uint32_t* A, size_t lda, const uint32_t* B, size_t ldb,
+                                 float* C, size_t ldc, size_t M, size_t N, size_t Kp, float alpha) {
+#if TEFL_HAVE_AMX_TILES
+  if (c.amx && M % 16 == 0 && N % 16 == 0 && Kp % 16 == 0 && (!kAccumulate || alpha == 1.0f))
+    return AmxDotGemm<kAccumulate>(A, lda, B, ldb, C, ldc, M, N, Kp, alpha);
+#else
+  (void)c;
+#endif
+  DotGemm<kAccumulate>(A, lda, B, ldb, C, ldc, M, N, Kp, alpha);
 }
 
 // From the fp32 P' (s) and dS (dp) tiles [M x kBk] (M even, np % 16 == 0):
@@ -286,19 +388,91 @@ TEFL_BF16_TARGET inline void RowsToBf16(const float* s, int64_t M, int64_t np, u
 #define TEFL_ATTN_BF16DOT 0
 #endif
 
-// Words of one query item's bf16 slot: q rows [kBq x dqkp] as words of
-// consecutive channels, q pairs [kBq / 2 x dqkp] (rows 2p, 2p + 1 per word),
+// Words of one query item's bf16 slot: q rows [kBq x dqkp / 2] as words of
+// consecutive channels, q pairs [dqkp x kBq / 2] (word (x, p) = channel x
+// of rows 2p, 2p + 1: row x of q^T as the A operand of dK^T += Q^T dS),
 // then the same two of d_o with dvp.
 inline int64_t SlotWords(int64_t dqkp, int64_t dvp) { return kBq * (dqkp + dvp); }
 
-// Element x of row r of one head of a bf16 tensor (0 outside [n) x [d)).
+// out[x] = lo[x] | hi[x] << 16 for x < n (a null row reads as zeros).
+#if TEFL_ATTN_BF16DOT
+#pragma GCC diagnostic push  // GCC 12's intrinsic placeholders, as for DotGemm above
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+TEFL_BF16_TARGET inline void InterleaveHalves(const uint16_t* lo, const uint16_t* hi, int64_t n, uint32_t* out) {
+  for (int64_t x = 0; x < n; x += 16) {
+    const __mmask16 m = n - x >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - x)) - 1u);
+    const __m512i a = lo ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, lo + x)) : _mm512_setzero_si512();
+    const __m512i b = hi ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, hi + x)) : _mm512_setzero_si512();
+    _mm512_mask_storeu_epi32(out + x, m, _mm512_or_si512(a, _mm512_slli_epi32(b, 16)));
+  }
+}
+#pragma GCC diagnostic pop
+#else
+inline void InterleaveHalves(const uint16_t* lo, const uint16_t* hi, int64_t n, uint32_t* out) {
+  for (int64_t x = 0; x < n; ++x) out[x] = (lo ? lo[x] : 0u) | (hi ? uint32_t(hi[x]) << 16 : 0u);
+}
+#endif
+
+// Rows of one head of a bf16 tensor: row r (r < n) at base + off[r], d
+// elements; everything outside [n) x [d) reads as 0. The packers below write
+// every word of their destination ranges (padding included).
 struct Bf16Rows {
   const uint16_t* base;
   int64_t off[kBq > kBk ? kBq : kBk];
   int64_t n, d;
-  uint32_t At(int64_t r, int64_t x) const { return r < n && x < d ? base[off[r] + x] : 0u; }
-  uint32_t Pair(int64_t r, int64_t x) const { return At(r, x) | (At(r, x + 1) << 16); }   // along channels
-  uint32_t Pair2(int64_t r, int64_t x) const { return At(r, x) | (At(r + 1, x) << 16); }  // along rows
+  const uint16_t* Row(int64_t r) const { return r < n ? base + off[r] : nullptr; }
+  // dst[r * ld + p] = elements 2p, 2p + 1 of row r, for r < rows, p < pairs.
+  void PairRows(int64_t rows, int64_t pairs, uint32_t* dst, int64_t ld) const {
+    const int64_t full = std::min(d / 2, pairs);
+    for (int64_t r = 0; r < rows; ++r) {
+      uint32_t* out = dst + r * ld;
+      const uint16_t* row = Row(r);
+      int64_t p = 0;
+      if (row) {
+        std::memcpy(out, row, size_t(full) * 4);
+        p = full;
+        if (d % 2 && p < pairs) out[p++] = row[d - 1];
+      }
+      for (; p < pairs; ++p) out[p] = 0;
+    }
+  }
+  // dst[p * ld + r] = elements 2p, 2p + 1 of row r: PairRows transposed.
+  void PairColumns(int64_t rows, int64_t pairs, uint32_t* dst, int64_t ld) const {
+    const int64_t full = std::min(d / 2, pairs);
+    for (int64_t r = 0; r < rows; ++r) {
+      const uint16_t* row = Row(r);
+      int64_t p = 0;
+      if (row) {
+        for (; p < full; ++p) {
+          uint32_t w;
+          std::memcpy(&w, row + 2 * p, 4);
+          dst[p * ld + r] = w;
+        }
+        if (d % 2 && p < pairs) dst[p++ * ld + r] = row[d - 1];
+      }
+      for (; p < pairs; ++p) dst[p * ld + r] = 0;
+    }
+  }
+  // dst[p * ld + x] = element x of rows 2p (low half) and 2p + 1, for p <
+  // rows / 2 (rows even), x < width.
+  void RowPairs(int64_t rows, int64_t width, uint32_t* dst, int64_t ld) const {
+    const int64_t nx = std::min(d, width);
+    for (int64_t p = 0; p < rows / 2; ++p) {
+      uint32_t* out = dst + p * ld;
+      InterleaveHalves(Row(2 * p), Row(2 * p + 1), nx, out);
+      for (int64_t x = nx; x < width; ++x) out[x] = 0;
+    }
+  }
+  // dst[x * ld + p] = element x of rows 2p and 2p + 1: RowPairs transposed.
+  void RowPairColumns(int64_t rows, int64_t width, uint32_t* dst, int64_t ld) const {
+    for (int64_t p = 0; p < rows / 2; ++p) {
+      const uint16_t* lo = Row(2 * p);
+      const uint16_t* hi = Row(2 * p + 1);
+      const int64_t nx = lo ? std::min(d, width) : 0;
+      for (int64_t x = 0; x < nx; ++x) dst[x * ld + p] = lo[x] | (hi ? uint32_t(hi[x]) << 16 : 0u);
+      for (int64_t x = nx; x < width; ++x) dst[x * ld + p] = 0;
+    }
+  }
 };
 
 // Fills the slot of query block (bi, h, rows [i0, i0 + n)).
@@ -316,14 +490,10 @@ inline void PackQSlotBf16(const AttnCtx& c, int64_t bi, int64_t h, int64_t i0, i
   uint32_t* qpair = qrow + kBq * dqkp / 2;
   uint32_t* orow = qpair + kBq / 2 * dqkp;
   uint32_t* opair = orow + kBq * dvp / 2;
-  for (int64_t r = 0; r < kBq; ++r)
-    for (int64_t p = 0; p < dqkp / 2; ++p) qrow[r * dqkp / 2 + p] = q.Pair(r, 2 * p);
-  for (int64_t p = 0; p < kBq / 2; ++p)
-    for (int64_t x = 0; x < dqkp; ++x) qpair[p * dqkp + x] = q.Pair2(2 * p, x);
-  for (int64_t r = 0; r < kBq; ++r)
-    for (int64_t p = 0; p < dvp / 2; ++p) orow[r * dvp / 2 + p] = o.Pair(r, 2 * p);
-  for (int64_t p = 0; p < kBq / 2; ++p)
-    for (int64_t x = 0; x < dvp; ++x) opair[p * dvp + x] = o.Pair2(2 * p, x);
+  q.PairRows(kBq, dqkp / 2, qrow, dqkp / 2);
+  q.RowPairColumns(kBq, dqkp, qpair, kBq / 2);
+  o.PairRows(kBq, dvp / 2, orow, dvp / 2);
+  o.RowPairColumns(kBq, dvp, opair, kBq / 2);
 }
 
 // The key block (bi, hk, keys [j0, j0 + nk)): ktp [dqkp / 2 x kBk] (word
@@ -339,12 +509,9 @@ inline void PackKBlockBf16(const AttnCtx& c, int64_t bi, int64_t hk, int64_t j0,
     k.off[r] = AttnGeometry::At(t, hk, g.hkv, g.dqk);
     v.off[r] = AttnGeometry::At(t, hk, g.hkv, g.dv);
   }
-  for (int64_t p = 0; p < c.dqkp / 2; ++p)
-    for (int64_t j = 0; j < kBk; ++j) ktp[p * kBk + j] = k.Pair(j, 2 * p);
-  for (int64_t p = 0; p < c.dvp / 2; ++p)
-    for (int64_t j = 0; j < kBk; ++j) vtp[p * kBk + j] = v.Pair(j, 2 * p);
-  for (int64_t p = 0; p < kBk / 2; ++p)
-    for (int64_t x = 0; x < c.dqkp; ++x) kpair[p * c.dqkp + x] = k.Pair2(2 * p, x);
+  k.PairColumns(kBk, c.dqkp / 2, ktp, kBk);
+  v.PairColumns(kBk, c.dvp / 2, vtp, kBk);
+  k.RowPairs(kBk, c.dqkp, kpair, c.dqkp);
 }
 
 // The forward's key tile: ktp [dqkp / 2 x kBk] as above, then vpair
@@ -359,10 +526,8 @@ inline void PackKvTileBf16(const AttnCtx& c, int64_t bi, int64_t hk, int64_t j0,
     k.off[r] = AttnGeometry::At(t, hk, g.hkv, g.dqk);
     v.off[r] = AttnGeometry::At(t, hk, g.hkv, g.dv);
   }
-  for (int64_t p = 0; p < c.dqkp / 2; ++p)
-    for (int64_t j = 0; j < kBk; ++j) ktp[p * kBk + j] = k.Pair(j, 2 * p);
-  for (int64_t p = 0; p < kBk / 2; ++p)
-    for (int64_t x = 0; x < c.dvp; ++x) vpair[p * c.dvp + x] = v.Pair2(2 * p, x);
+  k.PairColumns(kBk, c.dqkp / 2, ktp, kBk);
+  v.RowPairs(kBk, c.dvp, vpair, c.dvp);
 }
 
 // q rows [i0, i0 + n) of (bi, h) as words of channel pairs [rows x dqkp / 2]
@@ -371,8 +536,7 @@ inline void PackQRowsBf16(const AttnCtx& c, int64_t bi, int64_t h, int64_t i0, i
   const AttnGeometry& g = c.g;
   Bf16Rows q{static_cast<const uint16_t*>(c.q), {}, n, g.dqk};
   for (int64_t r = 0; r < n; ++r) q.off[r] = AttnGeometry::At(g.token_q(bi, i0 + r), h, g.hq, g.dqk);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t p = 0; p < c.dqkp / 2; ++p) dst[r * c.dqkp / 2 + p] = q.Pair(r, 2 * p);
+  q.PairRows(rows, c.dqkp / 2, dst, c.dqkp / 2);
 }
 
 }  // namespace
@@ -488,8 +652,12 @@ HWY_INLINE hn::Vec<DF> ExpNaN(DF df, hn::Vec<DF> x) {
 // Scratch of one thread's chunk of work, 64-byte aligned.
 struct Scratch {
   hwy::AlignedFreeUniquePtr<float[]> mem;
-  float *qs, *dos, *kt, *vt, *vrow, *krow, *s, *dp, *acc, *acc2, *acc3, *tmp, *m, *l, *z, *lse, *drow;
+  // l: the forward's running denominators as one vector of partial sums per
+  // row (kBq x Lanes floats, summed across lanes at the end); corr: each
+  // row's rescaling factor for the current key tile.
+  float *qs, *dos, *kt, *vt, *vrow, *krow, *s, *dp, *acc, *acc2, *acc3, *tmp, *m, *l, *z, *lse, *drow, *corr;
   int64_t lo[kBq], hi[kBq];
+  bool active[kBq];  // forward: the row adds terms from the current key tile
   // The bf16 path's key block and tile operands (words of 2 bf16).
   hwy::AlignedFreeUniquePtr<uint32_t[]> words;
   uint32_t *ktp = nullptr, *vtp = nullptr, *kpair = nullptr, *pp = nullptr, *dsp = nullptr, *dsr = nullptr;
@@ -514,14 +682,15 @@ struct Scratch {
     const size_t sizes[] = {size_t(kBq * c.dqkp), size_t(kBq * c.dvp),  size_t(dmax * kBk), size_t(dmax * kBk),
                             size_t(kBk * c.dvp),  size_t(kBk * c.dqkp), size_t(kBq * kBk),  size_t(kBq * kBk),
                             size_t(kBk * pmax),   size_t(kBk * pmax),   size_t(kBq * pmax), size_t(kBk * kBq + pmax),
-                            size_t(kBq),          size_t(kBq),          size_t(kBk),        size_t(kBq),
-                            size_t(kBq)};
+                            size_t(kBq),          size_t(kBq) * hn::Lanes(DF()), size_t(kBk), size_t(kBq),
+                            size_t(kBq),          size_t(kBq)};
     size_t total = 0;
     for (size_t s_ : sizes) total += (s_ + 15) / 16 * 16;
     mem = hwy::AllocateAligned<float>(total);
     if (!mem) throw std::bad_alloc();
     std::memset(mem.get(), 0, total * sizeof(float));
-    float** ptrs[] = {&qs, &dos, &kt, &vt, &vrow, &krow, &s, &dp, &acc, &acc2, &acc3, &tmp, &m, &l, &z, &lse, &drow};
+    float** ptrs[] = {&qs,  &dos,  &kt, &vt, &vrow, &krow, &s,   &dp,   &acc,
+                      &acc2, &acc3, &tmp, &m, &l,    &z,    &lse, &drow, &corr};
     float* p = mem.get();
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); ++i) {
       *ptrs[i] = p;
@@ -601,7 +770,8 @@ void FwdItem(const AttnCtx& c, const Item& it, Scratch& w) {
   const bool has_extra = ExtraLogit(c, h, &extra);
   for (int64_t r = 0; r < M; ++r) {
     w.m[r] = has_extra ? extra : -kInf;
-    w.l[r] = has_extra ? 1.0f : 0.0f;
+    hn::Store(hn::Zero(df), df, w.l + r * L);
+    w.l[r * L] = has_extra ? 1.0f : 0.0f;
   }
   std::memset(w.acc, 0, size_t(M * c.dvp) * sizeof(float));
 
@@ -614,16 +784,19 @@ void FwdItem(const AttnCtx& c, const Item& it, Scratch& w) {
     const int64_t np = c.bf16dot ? RoundUp(nk, int64_t(kDotCols)) : RoundUp(nk, G);
     const uint32_t* ktp = reinterpret_cast<const uint32_t*>(kt);
     if (c.bf16dot)
-      DotGemm<false, false>(w.qw, size_t(c.dqkp / 2), ktp, kBk, w.s, kBk, size_t(M), size_t(np), size_t(c.dqkp / 2),
-                            scale);
+      Dot<false>(c, w.qw, size_t(c.dqkp / 2), ktp, kBk, w.s, kBk, size_t(M), size_t(np), size_t(c.dqkp / 2), scale);
     else
 #else
     const int64_t np = RoundUp(nk, G);
 #endif
       Gemm<false>(w.qs, size_t(c.dqkp), kt, kBk, w.s, kBk, size_t(M), size_t(np), size_t(g.dqk));
+    // Two passes over the rows, each row's work independent of the others':
+    // the new running maxima, then the exponentials (no horizontal sum per
+    // tile: l keeps a vector of partial sums per row).
     for (int64_t r = 0; r < M; ++r) {
       float* HWY_RESTRICT row = w.s + r * kBk;
       const int64_t a = r < n ? w.lo[r] - j0 : 0, e = r < n ? w.hi[r] - j0 : 0;
+      w.active[r] = false;
       if (a >= e || a >= np || e <= 0) {
         std::memset(row, 0, size_t(np) * sizeof(float));
         continue;
@@ -642,17 +815,25 @@ void FwdItem(const AttnCtx& c, const Item& it, Scratch& w) {
         std::memset(row, 0, size_t(np) * sizeof(float));
         continue;
       }
-      const float corr = std::exp(m_old - m_new);
-      const auto vm = hn::Set(df, m_new);
+      w.corr[r] = m_old == m_new ? 1.0f : std::exp(m_old - m_new);
+      w.m[r] = m_new;
+      w.active[r] = true;
+    }
+    for (int64_t r = 0; r < M; ++r) {
+      if (!w.active[r]) continue;
+      float* HWY_RESTRICT row = w.s + r * kBk;
+      const float corr = w.corr[r];
+      const auto vm = hn::Set(df, w.m[r]);
       auto sum = hn::Zero(df);
       for (int64_t j = 0; j < np; j += L) {
         const auto p = ExpNaN(df, hn::Sub(hn::LoadU(df, row + j), vm));
         sum = hn::Add(sum, p);
         hn::StoreU(p, df, row + j);
       }
-      w.l[r] = w.l[r] * corr + hn::GetLane(hn::SumOfLanes(df, sum));
-      w.m[r] = m_new;
+      float* HWY_RESTRICT lv = w.l + r * L;
+      hn::Store(hn::MulAdd(hn::Load(df, lv), hn::Set(df, corr), sum), df, lv);
       if (g.dropout) {
+        const int64_t a = w.lo[r] - j0, e = w.hi[r] - j0;
         const int64_t a0 = std::max(a, int64_t(0)), e0 = std::min(e, nk);
         DropFactors(c, bi, h, i0 + r, j0 + a0, e0 - a0, w.z);
         for (int64_t j = a0; j < e0; ++j) row[j] *= w.z[j - a0];
@@ -666,8 +847,8 @@ void FwdItem(const AttnCtx& c, const Item& it, Scratch& w) {
 #if TEFL_ATTN_BF16DOT
     if (c.bf16dot) {  // O += P V with P rounded to bf16
       RowsToBf16(w.s, M, np, w.dsr);
-      DotGemm<true, false>(w.dsr, kBk / 2, ktp + c.dqkp / 2 * kBk, size_t(c.dvp), w.acc, size_t(c.dvp), size_t(M),
-                           size_t(c.dvp), size_t(np / 2), 1.0f);
+      Dot<true>(c, w.dsr, kBk / 2, ktp + c.dqkp / 2 * kBk, size_t(c.dvp), w.acc, size_t(c.dvp), size_t(M),
+                size_t(c.dvp), size_t(np / 2), 1.0f);
       continue;
     }
 #endif
@@ -676,7 +857,7 @@ void FwdItem(const AttnCtx& c, const Item& it, Scratch& w) {
   for (int64_t r = 0; r < n; ++r) {
     const int64_t i = i0 + r;
     const int64_t off = AttnGeometry::At(g.token_q(bi, i), h, g.hq, g.dv);
-    const float l = w.l[r];
+    const float l = hn::GetLane(hn::SumOfLanes(df, hn::Load(df, w.l + r * L)));
     if (l == 0.0f) {  // attends nothing (vanilla): o = 0, lse = -inf
       ZeroRow(c.t, c.out, off, g.dv);
       c.stats[g.stat_index(bi, h, i)] = -kInf;
@@ -714,6 +895,9 @@ void PackKvRange(const AttnCtx* c, int64_t begin, int64_t end) {
 
 void FwdRange(const AttnCtx* c, int64_t begin, int64_t end) {
   Scratch w(*c);
+#if TEFL_HAVE_AMX_TILES
+  const AmxTileScope tiles(c->amx);
+#endif
   for (int64_t i = begin; i < end; ++i) FwdItem(*c, c->items[i], w);
 }
 
@@ -842,22 +1026,21 @@ void BwdKvItemBf16(const AttnCtx& c, Scratch& w, int64_t bi, int64_t hk, int64_t
       const uint32_t* orow = qpair + kBq / 2 * dqkp;
       const uint32_t* opair = orow + kBq * dvp / 2;
       float* dq_rows = dq_partial + g.stat_index(bi, h, i0) * dqkp;
-      DotGemm<false, false>(qrow, size_t(dqkp / 2), w.ktp, kBk, w.s, kBk, size_t(M), size_t(np), size_t(dqkp / 2),
-                            scale);
-      DotGemm<false, false>(orow, size_t(dvp / 2), w.vtp, kBk, w.dp, kBk, size_t(M), size_t(np), size_t(dvp / 2), 1.0f);
+      Dot<false>(c, qrow, size_t(dqkp / 2), w.ktp, kBk, w.s, kBk, size_t(M), size_t(np), size_t(dqkp / 2), scale);
+      Dot<false>(c, orow, size_t(dvp / 2), w.vtp, kBk, w.dp, kBk, size_t(M), size_t(np), size_t(dvp / 2), 1.0f);
       BwdElementwise(c, w, bi, h, i0, n, M, j0, nk, np);
       TileToBf16(w.s, w.dp, M, np, w.pp, w.dsp, w.dsr);
       // dQ / scale += dS K for these rows (into the chunk's partial).
       if (n == M) {
-        DotGemm<true, false>(w.dsr, kBk / 2, w.kpair, size_t(dqkp), dq_rows, size_t(dqkp), size_t(M), size_t(dqkp),
-                             size_t(np / 2), 1.0f);
+        Dot<true>(c, w.dsr, kBk / 2, w.kpair, size_t(dqkp), dq_rows, size_t(dqkp), size_t(M), size_t(dqkp),
+                  size_t(np / 2), 1.0f);
       } else {
-        DotGemm<false, false>(w.dsr, kBk / 2, w.kpair, size_t(dqkp), w.acc3, size_t(dqkp), size_t(M), size_t(dqkp),
-                              size_t(np / 2), 1.0f);
+        Dot<false>(c, w.dsr, kBk / 2, w.kpair, size_t(dqkp), w.acc3, size_t(dqkp), size_t(M), size_t(dqkp),
+                   size_t(np / 2), 1.0f);
         for (int64_t x = 0; x < n * dqkp; ++x) dq_rows[x] += w.acc3[x];
       }
-      DotGemm<true, true>(opair, size_t(dvp), w.pp, kBk, dvt, kBk, size_t(dvp), size_t(np), size_t(M / 2), 1.0f);
-      DotGemm<true, true>(qpair, size_t(dqkp), w.dsp, kBk, dkt, kBk, size_t(dqkp), size_t(np), size_t(M / 2), 1.0f);
+      Dot<true>(c, opair, size_t(kBq / 2), w.pp, kBk, dvt, kBk, size_t(dvp), size_t(np), size_t(M / 2), 1.0f);
+      Dot<true>(c, qpair, size_t(kBq / 2), w.dsp, kBk, dkt, kBk, size_t(dqkp), size_t(np), size_t(M / 2), 1.0f);
     }
   }
   float* row = w.tmp;
@@ -942,6 +1125,9 @@ void BwdKvItem(const AttnCtx& c, const Item& it, Scratch& w, float* dq_partial) 
 // so causal work balances), dQ contributions into this chunk's partial.
 void BwdKvChunk(const AttnCtx* c, int64_t chunk, int64_t chunks, int64_t items, float* dq_partial) {
   Scratch w(*c);
+#if TEFL_HAVE_AMX_TILES
+  const AmxTileScope tiles(c->amx);
+#endif
   for (int64_t i = chunk; i < items; i += chunks) BwdKvItem(*c, c->items[i], w, dq_partial);
 }
 
@@ -990,6 +1176,16 @@ std::vector<Item> Items(const AttnGeometry& g, int64_t heads, bool kv, int64_t b
   }
   return items;
 }
+
+#if TEFL_ATTN_BF16DOT
+// Whether a call on the bf16 dot path runs its products on AMX tiles (and
+// counts it: tests check that the path ran).
+bool UseAmx(const AttnCtx& c) {
+  const bool on = c.bf16dot && PortablePathOn(PortablePath::kAttnAmx);
+  if (on) CountPortablePathRun(PortablePath::kAttnAmx);
+  return on;
+}
+#endif
 
 void InitCtx(AttnCtx& c, const AttnGeometry& g, DType t) {
   c.g = g;
@@ -1075,6 +1271,7 @@ tefl_status* AttnFwd(const tefl_call_frame* f, void*) {
     if (t == DType::kBF16 && CpuHasBf16Dot() && c.dqkp % int64_t(kDotCols) == 0 && c.dvp % int64_t(kDotCols) == 0) {
       c.bf16dot = PortablePathOn(PortablePath::kAttnBf16Dot) && !AnySubnormalBf16(c.q, NumElements(in[0])) &&
                   !AnySubnormalBf16(c.k, NumElements(in[1])) && !AnySubnormalBf16(c.v, NumElements(in[2]));
+      c.amx = UseAmx(c);
     }
 #endif
     // fp32 tiles, or on the bf16 dot path words: ktp [dqkp / 2 x kBk], vpair [kBk / 2 x dvp].
@@ -1133,6 +1330,7 @@ tefl_status* AttnBwd(const tefl_call_frame* f, void*) {
       c.bf16dot = PortablePathOn(PortablePath::kAttnBf16Dot) && !AnySubnormalBf16(c.q, NumElements(in[0])) &&
                   !AnySubnormalBf16(c.k, NumElements(in[1])) && !AnySubnormalBf16(c.v, NumElements(in[2])) &&
                   !AnySubnormalBf16(c.d_o, NumElements(in[4]));
+      c.amx = UseAmx(c);
     }
 #endif
     const int64_t rows_packed = c.bf16dot ? 1 : std::max<int64_t>(rows, 1);

@@ -34,11 +34,12 @@ constexpr PathInfo kPaths[] = {
     {"TEFL_PORTABLE_GEMM_AMX", Needs::kAmxBf16},            // kGemmAmx
     {"TEFL_PORTABLE_GEMM_F32_AVX512", Needs::kAvx512},      // kGemmF32Avx512
     {"TEFL_PORTABLE_GEMM_F32_A_IN_PLACE", Needs::kAvx512},  // kGemmF32AInPlace
+    {"TEFL_PORTABLE_ATTN_AMX", Needs::kAmxBf16},            // kAttnAmx
 };
 static_assert(sizeof(kPaths) / sizeof(kPaths[0]) == size_t(PortablePath::kCount));
 
 // Per path: -1 not read yet, else 0/1.
-std::atomic<int> g_state[size_t(PortablePath::kCount)] = {-1, -1, -1, -1, -1, -1, -1, -1};
+std::atomic<int> g_state[size_t(PortablePath::kCount)] = {-1, -1, -1, -1, -1, -1, -1, -1, -1};
 
 }  // namespace
 

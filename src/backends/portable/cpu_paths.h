@@ -24,6 +24,8 @@ enum class PortablePath : int {
                    // tiles (AVX512-F/BW/VL/DQ; off: OpenBLAS's cblas_sgemm)
   kGemmF32AInPlace,  // TEFL_PORTABLE_GEMM_F32_A_IN_PLACE: the own fp32 tiles read an untransposed A where it is
                      // (not packed) for short K and narrow N on two or more threads (off: always packed)
+  kAttnAmx,  // TEFL_PORTABLE_ATTN_AMX: the bf16 attention tiles of kAttnBf16Dot by AMX tdpbf16ps (AMX-TILE/BF16;
+             // off: vdpbf16ps)
   kCount
 };
 
@@ -60,7 +62,8 @@ void ReloadPortableSwitches();
 // tests and diagnostics: a switch that is on says the path may run, this
 // says it did). Counted for the GEMM paths, kGemmF32Avx512 (the own fp32
 // tiles), kGemmF32AInPlace (those tiles with A in place) and kGemmAmx (the AMX
-// tiles), once per GEMM that reaches the tiles.
+// tiles), once per GEMM that reaches the tiles, and for kAttnAmx, once per
+// attention call (forward or backward) whose tile products run on AMX.
 void CountPortablePathRun(PortablePath path);
 unsigned long long PortablePathRuns(PortablePath path);
 

@@ -47,6 +47,7 @@
 
 #include "backends/backends.h"
 #include "backends/kernel_support.h"
+#include "backends/portable/amx_tiles.h"
 #include "backends/portable/cpu_paths.h"
 #include "core/dtype.h"
 #include "core/fp8.h"
@@ -958,29 +959,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void Bf16Tile(
 // B panel (its rows of kNR pairs are exactly the B tile layout tdpbf16ps
 // reads: one K pair per 4-byte element). tdpbf16ps, like vdpbf16ps, reads
 // subnormal bf16 inputs as zero and flushes subnormal results, so the same
-// subnormal checks guard it. Each thread loads the tile configuration before
-// its tasks and releases the tiles after (a released state costs nothing on
-// context switches).
-struct alignas(64) AmxTileConfig {
-  uint8_t palette, start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-__attribute__((target("amx-tile"))) void AmxBegin() {
-  AmxTileConfig cfg{};
-  cfg.palette = 1;
-  for (int t = 0; t < 8; ++t) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = 16;
-  }
-  // GCC 12's _tile_loadconfig tells the compiler it reads 8 bytes of cfg:
-  // without this fence the stores above may be dropped.
-  asm volatile("" : : "r"(&cfg) : "memory");
-  _tile_loadconfig(&cfg);
-}
-__attribute__((target("amx-tile"))) void AmxEnd() { _tile_release(); }
-
+// subnormal checks guard it. Each thread loads the tile configuration
+// (amx_tiles.h) before its tasks and releases the tiles after.
 // Where the AMX tiles read a row block of A from a K step on: its two
 // 16-row tiles at p and p + hi (words), rows ld bytes apart, the next
 // step's step words further: A itself (g.row_a, a full block: rows K bf16
