@@ -614,6 +614,75 @@ TEST(AttentionBf16Dot, MatchesTheFp32ProductsOnTheSameInputs) {
   }
 }
 
+// Where the CPU has AMX-BF16, the bf16 dot path runs its tile products on
+// AMX tiles (whole 16-row tiles; the rest on vdpbf16ps);
+// TEFL_PORTABLE_ATTN_AMX=0 keeps them all on vdpbf16ps. Both take the same
+// bf16 operands and round P, P' and dS the same way, so they agree within
+// the bf16 tolerance. The sizes give last query blocks of 46 rows (48: two
+// row tiles then one) and 14 rows (16: one row tile), head dims of 64, 128
+// and 20 / 36 (padded), GQA, masks and dropout. On such a CPU the AMX path
+// must have run for every call (the run counter) and changed some bits.
+TEST(AttentionBf16Amx, MatchesTheVdpbf16psProducts) {
+  const char* kPortable = "default.portable";
+  const std::vector<std::string> impls = CpuImplementations("fused_attn_bwd");
+  if (std::find(impls.begin(), impls.end(), kPortable) == impls.end()) GTEST_SKIP() << "no default.portable";
+  using tefl::backends::PortablePath;
+  const bool has_amx = tefl::backends::CpuHasAmxBf16() && tefl::backends::PortablePathOn(PortablePath::kAttnAmx);
+  struct C {
+    int32_t format, mask;
+    int64_t sq, sk, hq, hkv, dqk, dv;
+    float dropout;
+  };
+  const C cases[] = {{TEFL_QKV_BSHD, 0, 110, 197, 4, 2, 64, 64, 0.0f},
+                     {TEFL_QKV_BSHD, 2, 78, 78, 2, 1, 128, 128, 0.0f},
+                     {TEFL_QKV_SBHD, 4, 110, 150, 6, 2, 20, 36, 0.0f},
+                     {TEFL_QKV_BSHD, 2, 128, 128, 2, 2, 64, 64, 0.25f}};
+  bool any_diff = false;
+  for (const C& k : cases) {
+    Spec s;
+    s.dtype = DType::kBF16;
+    s.format = k.format;
+    s.mask = k.mask;
+    s.b = 2;
+    s.sq = k.sq;
+    s.sk = k.sk;
+    s.hq = k.hq;
+    s.hkv = k.hkv;
+    s.dqk = k.dqk;
+    s.dv = k.dv;
+    s.lo = -1.0;
+    s.hi = 1.0;
+    s.dropout = k.dropout;
+    s.training = k.dropout > 0.0f;
+    SCOPED_TRACE(s.Name());
+    const unsigned long long runs0 = tefl::backends::PortablePathRuns(PortablePath::kAttnAmx);
+    Problem amx = Make(s), dot = Make(s), fwd_dot = Make(s);
+    ASSERT_TRUE(RunFwd(amx, kPortable).ok());
+    ASSERT_TRUE(RunBwd(amx, kPortable).ok());
+    const unsigned long long runs1 = tefl::backends::PortablePathRuns(PortablePath::kAttnAmx);
+    EXPECT_EQ(runs1 - runs0, has_amx ? 2u : 0u) << "AMX attention calls counted";
+    dot.o = amx.o;  // the backward from the same saved forward
+    dot.stats = amx.stats;
+    const Status st = WithPortableSwitch("TEFL_PORTABLE_ATTN_AMX", "0", [&] {
+      Status f = RunFwd(fwd_dot, kPortable);
+      return f.ok() ? RunBwd(dot, kPortable) : f;
+    });
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    EXPECT_EQ(tefl::backends::PortablePathRuns(PortablePath::kAttnAmx), runs1) << "TEFL_PORTABLE_ATTN_AMX=0";
+    const Tolerance tol = AttnTol(DType::kBF16);
+    const std::string msg = Cmp("o", amx.o, fwd_dot.o, tol) +
+                            Cmp("stats", amx.stats, fwd_dot.stats, Tolerance{1e-3, 1e-3}) +
+                            Cmp("dq", amx.dq, dot.dq, tol) + Cmp("dk", amx.dk, dot.dk, tol) +
+                            Cmp("dv", amx.dv, dot.dv, tol);
+    EXPECT_TRUE(msg.empty()) << msg;
+    for (int64_t i = 0; i < amx.o.numel() && !any_diff; ++i) any_diff |= amx.o.at(i) != fwd_dot.o.at(i);
+    for (int64_t i = 0; i < amx.dk.numel() && !any_diff; ++i) any_diff |= amx.dk.at(i) != dot.dk.at(i);
+  }
+  if (has_amx) {
+    EXPECT_TRUE(any_diff) << "the AMX products gave the vdpbf16ps results bit for bit: did they run?";
+  }
+}
+
 TEST(AttentionConformance, ZeroSizedIsANoOp) {
   for (const std::string& impl : CpuImplementations("fused_attn_fwd")) {
     SCOPED_TRACE(impl);

@@ -273,9 +273,9 @@ TEFL_BF16_TARGET void DotGemm(const uint32_t* __restrict A, size_t lda, const ui
 #if TEFL_HAVE_AMX_TILES
 #define TEFL_AMX_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")))
 
-// One block of C of kRi x kRj 16 x 16 tiles (C tile (ri, rj) in tile 2 ri +
+// One block of C of kRi x 2 16 x 16 tiles (C tile (ri, rj) in tile 2 ri +
 // rj) over Kp pairs (Kp % 16 == 0).
-template <bool kAccumulate, int kRi, int kRj>
+template <bool kAccumulate, int kRi>
 TEFL_AMX_TARGET inline void AmxDotBlock(const uint32_t* A, size_t lda, const uint32_t* B, size_t ldb, float* C,
                                         size_t ldc, size_t Kp) {
   const size_t sa = lda * 4, sb = ldb * 4, sc = ldc * 4;
@@ -284,33 +284,41 @@ TEFL_AMX_TARGET inline void AmxDotBlock(const uint32_t* A, size_t lda, const uin
   float* c3 = c2 + 16;
   if constexpr (kAccumulate) {
     _tile_loadd(0, C, sc);
-    if constexpr (kRj == 2) _tile_loadd(1, c1, sc);
-    if constexpr (kRi == 2) _tile_loadd(2, c2, sc);
-    if constexpr (kRi == 2 && kRj == 2) _tile_loadd(3, c3, sc);
+    _tile_loadd(1, c1, sc);
+    if constexpr (kRi == 2) {
+      _tile_loadd(2, c2, sc);
+      _tile_loadd(3, c3, sc);
+    }
   } else {
     _tile_zero(0);
-    if constexpr (kRj == 2) _tile_zero(1);
-    if constexpr (kRi == 2) _tile_zero(2);
-    if constexpr (kRi == 2 && kRj == 2) _tile_zero(3);
+    _tile_zero(1);
+    if constexpr (kRi == 2) {
+      _tile_zero(2);
+      _tile_zero(3);
+    }
   }
   for (size_t p = 0; p < Kp; p += 16) {
     _tile_loadd(4, A + p, sa);
     _tile_loadd(6, B + p * ldb, sb);
     if constexpr (kRi == 2) _tile_loadd(5, A + 16 * lda + p, sa);
-    if constexpr (kRj == 2) _tile_loadd(7, B + p * ldb + 16, sb);
+    _tile_loadd(7, B + p * ldb + 16, sb);
     _tile_dpbf16ps(0, 4, 6);
-    if constexpr (kRj == 2) _tile_dpbf16ps(1, 4, 7);
-    if constexpr (kRi == 2) _tile_dpbf16ps(2, 5, 6);
-    if constexpr (kRi == 2 && kRj == 2) _tile_dpbf16ps(3, 5, 7);
+    _tile_dpbf16ps(1, 4, 7);
+    if constexpr (kRi == 2) {
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
   }
   _tile_stored(0, C, sc);
-  if constexpr (kRj == 2) _tile_stored(1, c1, sc);
-  if constexpr (kRi == 2) _tile_stored(2, c2, sc);
-  if constexpr (kRi == 2 && kRj == 2) _tile_stored(3, c3, sc);
+  _tile_stored(1, c1, sc);
+  if constexpr (kRi == 2) {
+    _tile_stored(2, c2, sc);
+    _tile_stored(3, c3, sc);
+  }
 }
 
-// DotGemm's product on AMX tiles: M, N and Kp multiples of 16; alpha == 1
-// when kAccumulate.
+// DotGemm's product on AMX tiles: M and Kp multiples of 16, N of 32; alpha
+// == 1 when kAccumulate.
 template <bool kAccumulate>
 TEFL_AMX_TARGET void AmxDotGemm(const uint32_t* A, size_t lda, const uint32_t* B, size_t ldb, float* C, size_t ldc,
                                 size_t M, size_t N, size_t Kp, float alpha) {
@@ -319,15 +327,10 @@ TEFL_AMX_TARGET void AmxDotGemm(const uint32_t* A, size_t lda, const uint32_t* B
     for (size_t j = 0; j < N; j += 32) {
       const uint32_t* b = B + j;
       float* c = C + i * ldc + j;
-      const bool two_i = i + 32 <= M, two_j = j + 32 <= N;
-      if (two_i && two_j)
-        AmxDotBlock<kAccumulate, 2, 2>(a, lda, b, ldb, c, ldc, Kp);
-      else if (two_i)
-        AmxDotBlock<kAccumulate, 2, 1>(a, lda, b, ldb, c, ldc, Kp);
-      else if (two_j)
-        AmxDotBlock<kAccumulate, 1, 2>(a, lda, b, ldb, c, ldc, Kp);
+      if (i + 32 <= M)
+        AmxDotBlock<kAccumulate, 2>(a, lda, b, ldb, c, ldc, Kp);
       else
-        AmxDotBlock<kAccumulate, 1, 1>(a, lda, b, ldb, c, ldc, Kp);
+        AmxDotBlock<kAccumulate, 1>(a, lda, b, ldb, c, ldc, Kp);
     }
   }
   if (!kAccumulate && alpha != 1.0f) {
@@ -346,7 +349,7 @@ template <bool kAccumulate>
 TEFL_BF16_TARGET inline void Dot(const AttnCtx& c, const uint32_t* A, size_t lda, const uint32_t* B, size_t ldb,
                                  float* C, size_t ldc, size_t M, size_t N, size_t Kp, float alpha) {
 #if TEFL_HAVE_AMX_TILES
-  if (c.amx && M % 16 == 0 && N % 16 == 0 && Kp % 16 == 0 && (!kAccumulate || alpha == 1.0f))
+  if (c.amx && M % 16 == 0 && N % 32 == 0 && Kp % 16 == 0 && (!kAccumulate || alpha == 1.0f))
     return AmxDotGemm<kAccumulate>(A, lda, B, ldb, C, ldc, M, N, Kp, alpha);
 #else
   (void)c;
