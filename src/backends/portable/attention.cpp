@@ -551,6 +551,8 @@ inline void PackQRowsBf16(const AttnCtx& c, int64_t bi, int64_t h, int64_t i0, i
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
+#include "backends/portable/simd_io-inl.h"
+
 // ---- Per-target kernels ------------------------------------------------------
 HWY_BEFORE_NAMESPACE();
 namespace tefl::backends::HWY_NAMESPACE {
@@ -742,6 +744,25 @@ HWY_INLINE void MaskOutside(float* row, int64_t a, int64_t e, int64_t n) {
   for (int64_t j = std::max(e, int64_t(0)); j < n; ++j) row[j] = -kInf;
 }
 
+// StoreRow (the scalar one above) with whole vectors by simd_io's stores
+// (the same roundings).
+HWY_INLINE void StoreRowV(const float* HWY_RESTRICT src, float mul, DType t, void* base, int64_t off, int64_t n) {
+  const DF df;
+  const int64_t L = int64_t(hn::Lanes(df));
+  const auto vm = hn::Set(df, mul);
+  int64_t x = 0;
+  if (t == DType::kF32) {
+    for (; x + L <= n; x += L) StoreF(hn::Mul(hn::LoadU(df, src + x), vm), df, static_cast<float*>(base) + off + x);
+  } else if (t == DType::kBF16) {
+    auto* dst = static_cast<hwy::bfloat16_t*>(base) + off;
+    for (; x + L <= n; x += L) StoreF(hn::Mul(hn::LoadU(df, src + x), vm), df, dst + x);
+  } else {
+    auto* dst = static_cast<hwy::float16_t*>(base) + off;
+    for (; x + L <= n; x += L) StoreF(hn::Mul(hn::LoadU(df, src + x), vm), df, dst + x);
+  }
+  if (x < n) StoreRow(src + x, mul, t, base, off + x, n - x);
+}
+
 // ---- Forward ----------------------------------------------------------------------------
 void FwdItem(const AttnCtx& c, const Item& it, Scratch& w) {
   const DF df;
@@ -762,7 +783,13 @@ void FwdItem(const AttnCtx& c, const Item& it, Scratch& w) {
     if (w.lo[r] < w.hi[r]) klo = std::min(klo, w.lo[r]), khi = std::max(khi, w.hi[r]);
   }
   const float scale = float(g.scale);
+  // The factor the softmax still applies to the tile of scores: on the bf16
+  // dot path with a positive scale, the raw products (scale * max is then the
+  // max of the scaled scores, and exp takes scale * s - m in one FMA: no
+  // pass over the tile to scale it); else 1 (the fp32 path's q is scaled).
+  float score_mul = 1.0f;
 #if TEFL_ATTN_BF16DOT
+  if (c.bf16dot && scale > 0.0f) score_mul = scale;
   if (c.bf16dot)
     PackQRowsBf16(c, bi, h, i0, n, M, w.qw);
   else
@@ -787,7 +814,8 @@ void FwdItem(const AttnCtx& c, const Item& it, Scratch& w) {
     const int64_t np = c.bf16dot ? RoundUp(nk, int64_t(kDotCols)) : RoundUp(nk, G);
     const uint32_t* ktp = reinterpret_cast<const uint32_t*>(kt);
     if (c.bf16dot)
-      Dot<false>(c, w.qw, size_t(c.dqkp / 2), ktp, kBk, w.s, kBk, size_t(M), size_t(np), size_t(c.dqkp / 2), scale);
+      Dot<false>(c, w.qw, size_t(c.dqkp / 2), ktp, kBk, w.s, kBk, size_t(M), size_t(np), size_t(c.dqkp / 2),
+                 score_mul == 1.0f ? scale : 1.0f);
     else
 #else
     const int64_t np = RoundUp(nk, G);
@@ -808,7 +836,7 @@ void FwdItem(const AttnCtx& c, const Item& it, Scratch& w) {
       const float m_old = w.m[r];
       // With NaN scores the max is NaN or some value (the NaN then reaches
       // exp), or -inf when every other score is -inf: rescanned below.
-      const float mx = RowMax(row, np);
+      const float mx = RowMax(row, np) * score_mul;
       float m_new = std::isnan(mx) ? mx : std::max(m_old, mx);
       if (m_new == -kInf) {
         for (int64_t j = 0; j < np; ++j)
@@ -826,10 +854,10 @@ void FwdItem(const AttnCtx& c, const Item& it, Scratch& w) {
       if (!w.active[r]) continue;
       float* HWY_RESTRICT row = w.s + r * kBk;
       const float corr = w.corr[r];
-      const auto vm = hn::Set(df, w.m[r]);
+      const auto vm = hn::Set(df, w.m[r]), vs = hn::Set(df, score_mul);
       auto sum = hn::Zero(df);
       for (int64_t j = 0; j < np; j += L) {
-        const auto p = ExpNaN(df, hn::Sub(hn::LoadU(df, row + j), vm));
+        const auto p = ExpNaN(df, hn::MulSub(hn::LoadU(df, row + j), vs, vm));
         sum = hn::Add(sum, p);
         hn::StoreU(p, df, row + j);
       }
@@ -866,7 +894,7 @@ void FwdItem(const AttnCtx& c, const Item& it, Scratch& w) {
       c.stats[g.stat_index(bi, h, i)] = -kInf;
       continue;
     }
-    StoreRow(w.acc + r * c.dvp, 1.0f / l, c.t, c.out, off, g.dv);
+    StoreRowV(w.acc + r * c.dvp, 1.0f / l, c.t, c.out, off, g.dv);
     c.stats[g.stat_index(bi, h, i)] = w.m[r] + std::log(l);
   }
 }
