@@ -29,7 +29,9 @@
 //  - bf16 on a CPU with avx512_bf16: the tile products (forward 2,
 //    backward 5) run on vdpbf16ps from K-pair-interleaved bf16 operands (q,
 //    k, v, d_o exact; P, P' and dS rounded to bf16), fp32 accumulation, the
-//    softmax in fp32 as above ("bf16 dot products").
+//    softmax in fp32 as above ("bf16 dot products"); with AMX-BF16 too, on
+//    AMX tiles from the same operands ("AMX tiles"). The forward on this
+//    path takes key tiles of kBkDot.
 //
 // Host contract (validated before the call): CPU tensors, compact row-major,
 // q/k/v/o/d_o/dq/dk/dv of one float dtype, stats/alpha fp32, cu_seqlens
@@ -69,6 +71,12 @@ namespace {
 
 constexpr int64_t kBq = 64;  // query rows per block
 constexpr int64_t kBk = 64;  // keys per tile (a multiple of every target's 4 vectors)
+// Keys per tile of the forward on the bf16 dot path: twice the products per
+// load and store of an AMX accumulator tile and per row of softmax
+// bookkeeping (bench_attention: 8-14 % faster forwards than 64; the fp32
+// forward's d = 128 cases were ~8 % slower with 128, so they keep kBk).
+constexpr int64_t kBkDot = 128;
+constexpr int64_t kBkMax = kBkDot > kBk ? kBkDot : kBk;
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // One unit of work: (sequence, head, first row of the block).
@@ -108,10 +116,11 @@ struct AttnCtx {
   uint32_t* q16 = nullptr;
   const int64_t* first_qblk = nullptr;
   int64_t slot_words = 0;
+  int64_t bk = kBk;  // the forward's keys per tile: kBkDot on the bf16 dot path
 
   const float* Tile(int64_t bi, int64_t hk, int64_t j0) const {
     const int64_t nt = first_tile[bi + 1] - first_tile[bi];
-    return kv_pack + ((first_tile[bi] * g.hkv + hk * nt) + j0 / kBk) * tile_floats;
+    return kv_pack + ((first_tile[bi] * g.hkv + hk * nt) + j0 / bk) * tile_floats;
   }
   std::atomic<int> failed{0};
 };
@@ -378,13 +387,13 @@ TEFL_BF16_TARGET inline void TileToBf16(const float* s, const float* dp, int64_t
   }
 }
 
-// dst row r (words [r * kBk / 2, ...)) = the first np floats of s row r as
-// bf16 (M rows of kBk floats, np % 16 == 0).
-TEFL_BF16_TARGET inline void RowsToBf16(const float* s, int64_t M, int64_t np, uint32_t* dst) {
+// dst row r (words [r * ld / 2, ...)) = the first np floats of s row r as
+// bf16 (M rows ld floats apart, ld even, np % 16 == 0).
+TEFL_BF16_TARGET inline void RowsToBf16(const float* s, int64_t ld, int64_t M, int64_t np, uint32_t* dst) {
   for (int64_t r = 0; r < M; ++r)
     for (int64_t j = 0; j < np; j += 16)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + r * (kBk / 2) + j / 2),
-                          (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(s + r * kBk + j)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + r * (ld / 2) + j / 2),
+                          (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(s + r * ld + j)));
 }
 #pragma GCC diagnostic pop
 #else
@@ -421,7 +430,7 @@ inline void InterleaveHalves(const uint16_t* lo, const uint16_t* hi, int64_t n, 
 // every word of their destination ranges (padding included).
 struct Bf16Rows {
   const uint16_t* base;
-  int64_t off[kBq > kBk ? kBq : kBk];
+  int64_t off[kBq > kBkMax ? kBq : kBkMax];
   int64_t n, d;
   const uint16_t* Row(int64_t r) const { return r < n ? base + off[r] : nullptr; }
   // dst[r * ld + p] = elements 2p, 2p + 1 of row r, for r < rows, p < pairs.
@@ -517,8 +526,8 @@ inline void PackKBlockBf16(const AttnCtx& c, int64_t bi, int64_t hk, int64_t j0,
   k.RowPairs(kBk, c.dqkp, kpair, c.dqkp);
 }
 
-// The forward's key tile: ktp [dqkp / 2 x kBk] as above, then vpair
-// [kBk / 2 x dvp] (word (p, x) = channel x of values 2p, 2p + 1).
+// The forward's key tile of c.bk keys: ktp [dqkp / 2 x bk] as above, then
+// vpair [bk / 2 x dvp] (word (p, x) = channel x of values 2p, 2p + 1).
 inline void PackKvTileBf16(const AttnCtx& c, int64_t bi, int64_t hk, int64_t j0, int64_t nk, uint32_t* ktp,
                            uint32_t* vpair) {
   const AttnGeometry& g = c.g;
@@ -529,8 +538,8 @@ inline void PackKvTileBf16(const AttnCtx& c, int64_t bi, int64_t hk, int64_t j0,
     k.off[r] = AttnGeometry::At(t, hk, g.hkv, g.dqk);
     v.off[r] = AttnGeometry::At(t, hk, g.hkv, g.dv);
   }
-  k.PairColumns(kBk, c.dqkp / 2, ktp, kBk);
-  v.RowPairs(kBk, c.dvp, vpair, c.dvp);
+  k.PairColumns(c.bk, c.dqkp / 2, ktp, c.bk);
+  v.RowPairs(c.bk, c.dvp, vpair, c.dvp);
 }
 
 // q rows [i0, i0 + n) of (bi, h) as words of channel pairs [rows x dqkp / 2]
@@ -670,7 +679,7 @@ struct Scratch {
   explicit Scratch(const AttnCtx& c) {
     if (c.bf16dot) {
       const size_t ws[] = {size_t(c.dqkp / 2 * kBk), size_t(c.dvp / 2 * kBk), size_t(kBk / 2 * c.dqkp),
-                           size_t(kBq / 2 * kBk),    size_t(kBq / 2 * kBk),   size_t(kBq * kBk / 2),
+                           size_t(kBq / 2 * kBk),    size_t(kBq / 2 * kBk),   size_t(kBq * kBkMax / 2),
                            size_t(kBq * c.dqkp / 2)};
       size_t wt = 0;
       for (size_t s_ : ws) wt += (s_ + 15) / 16 * 16;
@@ -685,9 +694,9 @@ struct Scratch {
     }
     const int64_t dmax = std::max(c.g.dqk, c.g.dv), pmax = std::max(c.dqkp, c.dvp);
     const size_t sizes[] = {size_t(kBq * c.dqkp), size_t(kBq * c.dvp),  size_t(dmax * kBk), size_t(dmax * kBk),
-                            size_t(kBk * c.dvp),  size_t(kBk * c.dqkp), size_t(kBq * kBk),  size_t(kBq * kBk),
+                            size_t(kBk * c.dvp),  size_t(kBk * c.dqkp), size_t(kBq * kBkMax), size_t(kBq * kBk),
                             size_t(kBk * pmax),   size_t(kBk * pmax),   size_t(kBq * pmax), size_t(kBk * kBq + pmax),
-                            size_t(kBq),          size_t(kBq) * hn::Lanes(DF()), size_t(kBk), size_t(kBq),
+                            size_t(kBq),          size_t(kBq) * hn::Lanes(DF()), size_t(kBkMax), size_t(kBq),
                             size_t(kBq),          size_t(kBq)};
     size_t total = 0;
     for (size_t s_ : sizes) total += (s_ + 15) / 16 * 16;
@@ -768,6 +777,7 @@ void FwdItem(const AttnCtx& c, const Item& it, Scratch& w) {
   const DF df;
   const int64_t L = int64_t(hn::Lanes(df)), G = int64_t(Group());
   const AttnGeometry& g = c.g;
+  const int64_t bk = c.bk;
   const int64_t bi = it.b, h = it.h, i0 = it.start, hk = g.kv_head(h);
   const int64_t i1 = std::min(i0 + kBq, g.rows_q(bi));
   const int64_t n = std::clamp(g.len_q(bi) - i0, int64_t(0), i1 - i0);
@@ -805,27 +815,27 @@ void FwdItem(const AttnCtx& c, const Item& it, Scratch& w) {
   }
   std::memset(w.acc, 0, size_t(M * c.dvp) * sizeof(float));
 
-  for (int64_t j0 = klo / kBk * kBk; j0 < khi; j0 += kBk) {
-    const int64_t nk = std::min(kBk, khi - j0);
+  for (int64_t j0 = klo / bk * bk; j0 < khi; j0 += bk) {
+    const int64_t nk = std::min(bk, khi - j0);
     const float* kt = c.Tile(bi, hk, j0);
-    const float* vrow = kt + g.dqk * kBk;
+    const float* vrow = kt + g.dqk * bk;
 #if TEFL_ATTN_BF16DOT
     // bf16 dot path: the tile holds words (ktp, then vpair; PackKvItem).
     const int64_t np = c.bf16dot ? RoundUp(nk, int64_t(kDotCols)) : RoundUp(nk, G);
     const uint32_t* ktp = reinterpret_cast<const uint32_t*>(kt);
     if (c.bf16dot)
-      Dot<false>(c, w.qw, size_t(c.dqkp / 2), ktp, kBk, w.s, kBk, size_t(M), size_t(np), size_t(c.dqkp / 2),
+      Dot<false>(c, w.qw, size_t(c.dqkp / 2), ktp, bk, w.s, bk, size_t(M), size_t(np), size_t(c.dqkp / 2),
                  score_mul == 1.0f ? scale : 1.0f);
     else
 #else
     const int64_t np = RoundUp(nk, G);
 #endif
-      Gemm<false>(w.qs, size_t(c.dqkp), kt, kBk, w.s, kBk, size_t(M), size_t(np), size_t(g.dqk));
+      Gemm<false>(w.qs, size_t(c.dqkp), kt, bk, w.s, bk, size_t(M), size_t(np), size_t(g.dqk));
     // Two passes over the rows, each row's work independent of the others':
     // the new running maxima, then the exponentials (no horizontal sum per
     // tile: l keeps a vector of partial sums per row).
     for (int64_t r = 0; r < M; ++r) {
-      float* HWY_RESTRICT row = w.s + r * kBk;
+      float* HWY_RESTRICT row = w.s + r * bk;
       const int64_t a = r < n ? w.lo[r] - j0 : 0, e = r < n ? w.hi[r] - j0 : 0;
       w.active[r] = false;
       if (a >= e || a >= np || e <= 0) {
@@ -852,7 +862,7 @@ void FwdItem(const AttnCtx& c, const Item& it, Scratch& w) {
     }
     for (int64_t r = 0; r < M; ++r) {
       if (!w.active[r]) continue;
-      float* HWY_RESTRICT row = w.s + r * kBk;
+      float* HWY_RESTRICT row = w.s + r * bk;
       const float corr = w.corr[r];
       const auto vm = hn::Set(df, w.m[r]), vs = hn::Set(df, score_mul);
       auto sum = hn::Zero(df);
@@ -877,13 +887,13 @@ void FwdItem(const AttnCtx& c, const Item& it, Scratch& w) {
     }
 #if TEFL_ATTN_BF16DOT
     if (c.bf16dot) {  // O += P V with P rounded to bf16
-      RowsToBf16(w.s, M, np, w.dsr);
-      Dot<true>(c, w.dsr, kBk / 2, ktp + c.dqkp / 2 * kBk, size_t(c.dvp), w.acc, size_t(c.dvp), size_t(M),
+      RowsToBf16(w.s, bk, M, np, w.dsr);
+      Dot<true>(c, w.dsr, bk / 2, ktp + c.dqkp / 2 * bk, size_t(c.dvp), w.acc, size_t(c.dvp), size_t(M),
                 size_t(c.dvp), size_t(np / 2), 1.0f);
       continue;
     }
 #endif
-    Gemm<true>(w.s, kBk, vrow, size_t(c.dvp), w.acc, size_t(c.dvp), size_t(M), size_t(c.dvp), size_t(np));
+    Gemm<true>(w.s, bk, vrow, size_t(c.dvp), w.acc, size_t(c.dvp), size_t(M), size_t(c.dvp), size_t(np));
   }
   for (int64_t r = 0; r < n; ++r) {
     const int64_t i = i0 + r;
@@ -904,12 +914,12 @@ void PackKvItem(const AttnCtx& c, const Item& it, Scratch& w) {
   const AttnGeometry& g = c.g;
   const int64_t bi = it.b, hk = it.h, j0 = it.start;
   float* kt = const_cast<float*>(c.Tile(bi, hk, j0));
-  float* vrow = kt + g.dqk * kBk;
-  const int64_t n = std::clamp(g.len_kv(bi) - j0, int64_t(0), kBk);
+  float* vrow = kt + g.dqk * c.bk;
+  const int64_t n = std::clamp(g.len_kv(bi) - j0, int64_t(0), c.bk);
 #if TEFL_ATTN_BF16DOT
   if (c.bf16dot) {
     uint32_t* ktp = reinterpret_cast<uint32_t*>(kt);
-    PackKvTileBf16(c, bi, hk, j0, n, ktp, ktp + c.dqkp / 2 * kBk);
+    PackKvTileBf16(c, bi, hk, j0, n, ktp, ktp + c.dqkp / 2 * c.bk);
     return;
   }
 #endif
@@ -1293,11 +1303,6 @@ tefl_status* AttnFwd(const tefl_call_frame* f, void*) {
     c.alpha = in[5] ? static_cast<const float*>(DataPtr(in[5])) : nullptr;
     c.out = DataPtr(f->outputs[0]);
     c.stats = static_cast<float*>(DataPtr(f->outputs[1]));
-    // k and v packed to fp32 tiles once (O(sk) memory, shared by every query block).
-    std::vector<int64_t> first_tile(size_t(c.g.b) + 1, 0);
-    for (int64_t bi = 0; bi < c.g.b; ++bi)
-      first_tile[size_t(bi) + 1] = first_tile[size_t(bi)] + (c.g.rows_kv(bi) + kBk - 1) / kBk;
-    c.first_tile = first_tile.data();
 #if TEFL_ATTN_BF16DOT
     if (t == DType::kBF16 && CpuHasBf16Dot() && c.dqkp % int64_t(kDotCols) == 0 && c.dvp % int64_t(kDotCols) == 0) {
       c.bf16dot = PortablePathOn(PortablePath::kAttnBf16Dot) && !AnySubnormalBf16(c.q, NumElements(in[0])) &&
@@ -1305,14 +1310,21 @@ tefl_status* AttnFwd(const tefl_call_frame* f, void*) {
       c.amx = UseAmx(c);
     }
 #endif
-    // fp32 tiles, or on the bf16 dot path words: ktp [dqkp / 2 x kBk], vpair [kBk / 2 x dvp].
-    c.tile_floats =
-        c.bf16dot ? (c.dqkp / 2 * kBk + kBk / 2 * c.dvp + 15) / 16 * 16 : (c.g.dqk * kBk + kBk * c.dvp + 15) / 16 * 16;
+    c.bk = c.bf16dot ? kBkDot : kBk;
+    // k and v packed to tiles of bk keys once (O(sk) memory, shared by every
+    // query block): fp32, or on the bf16 dot path words: ktp [dqkp / 2 x bk],
+    // vpair [bk / 2 x dvp].
+    std::vector<int64_t> first_tile(size_t(c.g.b) + 1, 0);
+    for (int64_t bi = 0; bi < c.g.b; ++bi)
+      first_tile[size_t(bi) + 1] = first_tile[size_t(bi)] + (c.g.rows_kv(bi) + c.bk - 1) / c.bk;
+    c.first_tile = first_tile.data();
+    c.tile_floats = c.bf16dot ? (c.dqkp / 2 * c.bk + c.bk / 2 * c.dvp + 15) / 16 * 16
+                              : (c.g.dqk * c.bk + c.bk * c.dvp + 15) / 16 * 16;
     const int64_t tiles = first_tile.back() * c.g.hkv;
     auto kv_pack = hwy::AllocateAligned<float>(size_t(std::max<int64_t>(tiles, 1) * c.tile_floats));
     if (!kv_pack) return Status(f, TEFL_INTERNAL, "out of memory for the packed k/v tiles");
     c.kv_pack = kv_pack.get();
-    const std::vector<Item> kv_items = Items(c.g, c.g.hkv, true, kBk);
+    const std::vector<Item> kv_items = Items(c.g, c.g.hkv, true, c.bk);
     if (!kv_items.empty()) {
       c.items = kv_items.data();
       f->host->parallel_for(int64_t(kv_items.size()), 1, Body<PackKvDispatch>, &c);
