@@ -1289,6 +1289,61 @@ void ReduceBody(void* ctx, int64_t begin, int64_t end) {
   }
 }
 
+// ---- Call-level buffers kept between calls --------------------------------------------------
+// The packed k/v tiles (forward), the packed q/d_o rows or slots and the dq
+// partials (backward) live in buffers kept by the calling thread between
+// calls, as gemm.cpp's workspace: a fresh buffer costs its page faults on
+// every call (~1-1.5 us per 4 KiB page: ~5 ms for the 16 MiB of packed k/v
+// at b 2, h 16, s 2048, d 128, ~5 % of that forward). They only grow, their
+// contents are unspecified (every kernel writes what it reads); a call that
+// leaves more than kKeepBytes in them frees them on return.
+constexpr size_t kKeepBytes = size_t(256) << 20;
+template <class T>
+class KeptBuffer {
+ public:
+  // At least n elements, 64-byte aligned; nullptr when out of memory.
+  T* Get(size_t n) {
+    n = std::max<size_t>(n, 1);
+    if (n > cap_) {
+      p_.reset();  // the old buffer first: never both at once
+      p_ = hwy::AllocateAligned<T>(n);
+      cap_ = p_ ? n : 0;
+    }
+    return p_.get();
+  }
+  size_t Bytes() const { return cap_ * sizeof(T); }
+
+ private:
+  hwy::AlignedFreeUniquePtr<T[]> p_;
+  size_t cap_ = 0;
+};
+struct AttnWorkspace {
+  KeptBuffer<float> kv_pack, qs_all, do_all, partials;
+  KeptBuffer<uint32_t> q16;
+  size_t Bytes() const {
+    return kv_pack.Bytes() + qs_all.Bytes() + do_all.Bytes() + partials.Bytes() + q16.Bytes();
+  }
+};
+// The calling thread's buffers, freed on scope exit when they exceed
+// kKeepBytes.
+class ThreadAttnWorkspace {
+ public:
+  ThreadAttnWorkspace() : ws_(Kept()) {}
+  ~ThreadAttnWorkspace() {
+    if (ws_.Bytes() > kKeepBytes) ws_ = AttnWorkspace();
+  }
+  ThreadAttnWorkspace(const ThreadAttnWorkspace&) = delete;
+  ThreadAttnWorkspace& operator=(const ThreadAttnWorkspace&) = delete;
+  AttnWorkspace* operator->() { return &ws_; }
+
+ private:
+  static AttnWorkspace& Kept() {
+    thread_local AttnWorkspace ws;
+    return ws;
+  }
+  AttnWorkspace& ws_;
+};
+
 tefl_status* AttnFwd(const tefl_call_frame* f, void*) {
   try {
     const auto& attrs = *static_cast<const tefl_attention_attrs*>(f->attrs);
@@ -1321,9 +1376,9 @@ tefl_status* AttnFwd(const tefl_call_frame* f, void*) {
     c.tile_floats = c.bf16dot ? (c.dqkp / 2 * c.bk + c.bk / 2 * c.dvp + 15) / 16 * 16
                               : (c.g.dqk * c.bk + c.bk * c.dvp + 15) / 16 * 16;
     const int64_t tiles = first_tile.back() * c.g.hkv;
-    auto kv_pack = hwy::AllocateAligned<float>(size_t(std::max<int64_t>(tiles, 1) * c.tile_floats));
-    if (!kv_pack) return Status(f, TEFL_INTERNAL, "out of memory for the packed k/v tiles");
-    c.kv_pack = kv_pack.get();
+    ThreadAttnWorkspace ws;
+    c.kv_pack = ws->kv_pack.Get(size_t(tiles * c.tile_floats));
+    if (!c.kv_pack) return Status(f, TEFL_INTERNAL, "out of memory for the packed k/v tiles");
     const std::vector<Item> kv_items = Items(c.g, c.g.hkv, true, c.bk);
     if (!kv_items.empty()) {
       c.items = kv_items.data();
@@ -1367,7 +1422,7 @@ tefl_status* AttnBwd(const tefl_call_frame* f, void*) {
     std::vector<float> drow(size_t(rows), 0.0f);
     c.drow = drow.data();
     std::vector<int64_t> first_qblk(size_t(c.g.b) + 1, 0);
-    hwy::AlignedFreeUniquePtr<uint32_t[]> q16;
+    ThreadAttnWorkspace ws;
 #if TEFL_ATTN_BF16DOT
     if (t == DType::kBF16 && CpuHasBf16Dot() && c.dqkp % int64_t(kDotCols) == 0 && c.dvp % int64_t(kDotCols) == 0) {
       c.bf16dot = PortablePathOn(PortablePath::kAttnBf16Dot) && !AnySubnormalBf16(c.q, NumElements(in[0])) &&
@@ -1377,19 +1432,16 @@ tefl_status* AttnBwd(const tefl_call_frame* f, void*) {
     }
 #endif
     const int64_t rows_packed = c.bf16dot ? 1 : std::max<int64_t>(rows, 1);
-    auto qs_all = hwy::AllocateAligned<float>(size_t(rows_packed * c.dqkp));
-    auto do_all = hwy::AllocateAligned<float>(size_t(rows_packed * c.dvp));
-    if (!qs_all || !do_all) return Status(f, TEFL_INTERNAL, "out of memory for the packed q/d_o rows");
-    c.qs_all = qs_all.get();
-    c.do_all = do_all.get();
+    c.qs_all = ws->qs_all.Get(size_t(rows_packed * c.dqkp));
+    c.do_all = ws->do_all.Get(size_t(rows_packed * c.dvp));
+    if (!c.qs_all || !c.do_all) return Status(f, TEFL_INTERNAL, "out of memory for the packed q/d_o rows");
     if (c.bf16dot) {
       for (int64_t bi = 0; bi < c.g.b; ++bi)
         first_qblk[size_t(bi) + 1] = first_qblk[size_t(bi)] + c.g.hq * ((c.g.rows_q(bi) + kBq - 1) / kBq);
       c.first_qblk = first_qblk.data();
       c.slot_words = SlotWords(c.dqkp, c.dvp);
-      q16 = hwy::AllocateAligned<uint32_t>(size_t(std::max<int64_t>(int64_t(q_items.size()), 1) * c.slot_words));
-      if (!q16) return Status(f, TEFL_INTERNAL, "out of memory for the packed q/d_o rows");
-      c.q16 = q16.get();
+      c.q16 = ws->q16.Get(size_t(int64_t(q_items.size()) * c.slot_words));
+      if (!c.q16) return Status(f, TEFL_INTERNAL, "out of memory for the packed q/d_o rows");
     }
 
     const std::vector<Item> kv_items = Items(c.g, c.g.hkv, true, kBk);
@@ -1402,14 +1454,14 @@ tefl_status* AttnBwd(const tefl_call_frame* f, void*) {
     const int64_t chunks =
         kv_items.empty() ? 0 : std::clamp<int64_t>(f->host->num_threads(), 1, int64_t(kv_items.size()));
     const int64_t partial_floats = rows * c.dqkp;
-    auto partials = hwy::AllocateAligned<float>(size_t(std::max<int64_t>(chunks * partial_floats, 1)));
+    float* partials = ws->partials.Get(size_t(chunks * partial_floats));
     if (!partials) return Status(f, TEFL_INTERNAL, "out of memory for the dq partials");
-    BwdCtx bc{&c, chunks, int64_t(kv_items.size()), partial_floats, partials.get()};
+    BwdCtx bc{&c, chunks, int64_t(kv_items.size()), partial_floats, partials};
     if (chunks > 0 && !c.failed.load()) {
       c.items = kv_items.data();
       f->host->parallel_for(chunks, 1, BwdChunkBody, &bc);
     }
-    ReduceCtx rc{&c, chunks, partial_floats, partials.get(), q_items.data()};
+    ReduceCtx rc{&c, chunks, partial_floats, partials, q_items.data()};
     if (!q_items.empty()) f->host->parallel_for(int64_t(q_items.size()), 1, ReduceBody, &rc);
     if (c.failed.load()) return Status(f, TEFL_INTERNAL, "out of memory for the attention scratch");
 
