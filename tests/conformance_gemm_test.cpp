@@ -24,29 +24,6 @@
 
 namespace {
 
-// ctest runs this whole suite again with one portable path switched off
-// (GemmNoAmx, GemmF32OpenBlas; tests/CMakeLists.txt), naming in
-// TEFL_TEST_VARIANT_NEEDS what the CPU must have for that run to differ from
-// the default one: "amx" (the AMX tiles) or "avx512" (the own fp32 tiles).
-// On a CPU without it the variant would repeat the default run test for
-// test (under AddressSanitizer ~8 minutes on a 2-core Zen 3), so every test
-// is skipped, with the reason, which ctest's SKIP_REGULAR_EXPRESSION reports.
-class RedundantVariantSkip : public ::testing::Environment {
- public:
-  void SetUp() override {
-    const char* needs = std::getenv("TEFL_TEST_VARIANT_NEEDS");
-    if (needs == nullptr) return;
-    const std::string n = needs;
-    const bool has = n == "amx"      ? tefl::backends::CpuHasAmxBf16()
-                     : n == "avx512" ? tefl::backends::CpuHasAvx512()
-                                     : true;  // an unknown name: run, never skip silently
-    if (!has) GTEST_SKIP() << "variant redundant on this CPU: it has no " << n << ", so the run equals the default one";
-  }
-};
-// gtest's own idiom (as TEST's registration): before main's RUN_ALL_TESTS.
-[[maybe_unused]] ::testing::Environment* const kRedundantVariantSkip =
-    ::testing::AddGlobalTestEnvironment(new RedundantVariantSkip);
-
 using tefl::DType;
 using tefl::Status;
 using tefl::testing::Compare;
@@ -1601,6 +1578,12 @@ TEST(GemmConformanceSpecial, AmxReadsLongUntransposedAInPlace) {
 TEST(GemmConformanceSpecial, F32TilesAcrossBoundaries) {
   using tefl::backends::PortablePath;
   const bool own_on = tefl::backends::PortablePathOn(PortablePath::kGemmF32Avx512);
+  // The 1- and 3-thread ctest variants (GemmThreads*) are here for the own
+  // tiles' task boundaries; without those tiles they would repeat the
+  // default run's OpenBLAS products (~220 s each under AddressSanitizer on a
+  // 2-core Zen 3).
+  if (!own_on && std::getenv("TEFL_TEST_THREAD_VARIANT") != nullptr)
+    GTEST_SKIP() << "own fp32 tiles off: a thread variant of this test repeats the default run";
   std::printf("[  NOTE    ] own fp32 tiles %s\n", own_on ? "on" : "off (OpenBLAS)");
   const Shape shapes[] = {{107, 152, 2100}, {24, 128, 5999}, {1000, 1000, 9}, {385, 150, 200}, {1200, 1008, 7}};
   const int epilogues[] = {0, 4, 5, 6, 2};  // plain, c_alpha_beta, c_bias_beta0, accumulate, gelu_bias_pre

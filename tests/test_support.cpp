@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 
+#include "backends/portable/cpu_paths.h"
 #include "core/logging.h"
 
 namespace tefl::testing {
@@ -101,5 +104,35 @@ std::vector<Tensor*> Ptrs(std::vector<NamedTensor>& v) {
   for (NamedTensor& n : v) p.push_back(&n.t);
   return p;
 }
+
+// ---- Variant runs that a CPU makes redundant ---------------------------------------
+// ctest runs some suites again with one portable path switched off
+// (GemmNoAmx, GemmF32OpenBlas, DropoutNoAvx512, DropoutNoBf16Cvt,
+// AttentionNoAmx; tests/CMakeLists.txt), naming in TEFL_TEST_VARIANT_NEEDS
+// what the CPU must have for that run to differ from the default one. On a
+// CPU without it the variant would repeat the default run test for test
+// (under AddressSanitizer ~8 minutes for the GEMM suite on a 2-core Zen 3),
+// so every test is skipped, with the reason, which ctest's
+// SKIP_REGULAR_EXPRESSION reports. Registered here, in the object every
+// suite links (its helpers), so that every suite has it.
+namespace {
+class RedundantVariantSkip : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    const char* needs = std::getenv("TEFL_TEST_VARIANT_NEEDS");
+    if (needs == nullptr) return;
+    const std::string n = needs;
+    const bool has = n == "amx"          ? tefl::backends::CpuHasAmxBf16()
+                     : n == "avx512"     ? tefl::backends::CpuHasAvx512()
+                     : n == "avx512bf16" ? tefl::backends::CpuHasAvx512Bf16()
+                     : n == "avx512bmi2" ? tefl::backends::CpuHasAvx512Bmi2()
+                                         : true;  // an unknown name: run, never skip silently
+    if (!has) GTEST_SKIP() << "variant redundant on this CPU: it has no " << n << ", so the run equals the default one";
+  }
+};
+// gtest's own idiom (as TEST's registration): before main's RUN_ALL_TESTS.
+[[maybe_unused]] ::testing::Environment* const kRedundantVariantSkip =
+    ::testing::AddGlobalTestEnvironment(new RedundantVariantSkip);
+}  // namespace
 
 }  // namespace tefl::testing
