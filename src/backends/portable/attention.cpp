@@ -793,13 +793,16 @@ void FwdItem(const AttnCtx& c, const Item& it, Scratch& w) {
     if (w.lo[r] < w.hi[r]) klo = std::min(klo, w.lo[r]), khi = std::max(khi, w.hi[r]);
   }
   const float scale = float(g.scale);
-  // The factor the softmax still applies to the tile of scores: on the bf16
-  // dot path with a positive scale, the raw products (scale * max is then the
-  // max of the scaled scores, and exp takes scale * s - m in one FMA: no
-  // pass over the tile to scale it); else 1 (the fp32 path's q is scaled).
+  // score_mul: the factor the softmax still applies to the tile of scores.
+  // On the bf16 dot path with a positive scale (fold_scale) the tile holds
+  // the raw products: scale * max is then the max of the scaled scores, and
+  // exp takes scale * s - m in one FMA (no pass over the tile to scale it).
+  // Else 1: the fp32 path's q is scaled, and a non-positive scale is applied
+  // by the product.
   float score_mul = 1.0f;
 #if TEFL_ATTN_BF16DOT
-  if (c.bf16dot && scale > 0.0f) score_mul = scale;
+  const bool fold_scale = c.bf16dot && scale > 0.0f;
+  if (fold_scale) score_mul = scale;
   if (c.bf16dot)
     PackQRowsBf16(c, bi, h, i0, n, M, w.qw);
   else
@@ -825,7 +828,7 @@ void FwdItem(const AttnCtx& c, const Item& it, Scratch& w) {
     const uint32_t* ktp = reinterpret_cast<const uint32_t*>(kt);
     if (c.bf16dot)
       Dot<false>(c, w.qw, size_t(c.dqkp / 2), ktp, bk, w.s, bk, size_t(M), size_t(np), size_t(c.dqkp / 2),
-                 score_mul == 1.0f ? scale : 1.0f);
+                 fold_scale ? 1.0f : scale);
     else
 #else
     const int64_t np = RoundUp(nk, G);

@@ -63,7 +63,8 @@ void ReloadPortableSwitches();
 // says it did). Counted for the GEMM paths, kGemmF32Avx512 (the own fp32
 // tiles), kGemmF32AInPlace (those tiles with A in place) and kGemmAmx (the AMX
 // tiles), once per GEMM that reaches the tiles, and for kAttnAmx, once per
-// attention call (forward or backward) whose tile products run on AMX.
+// attention call (forward or backward) that takes the AMX path (its
+// whole-tile products run on AMX, the rest on vdpbf16ps).
 void CountPortablePathRun(PortablePath path);
 unsigned long long PortablePathRuns(PortablePath path);
 
