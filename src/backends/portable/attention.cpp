@@ -1220,6 +1220,19 @@ std::vector<Item> Items(const AttnGeometry& g, int64_t heads, bool kv, int64_t b
   }
   return items;
 }
+// The same items with the heads innermost: (sequence, block, head). For the
+// forward's k/v packing (every item the same work): a token's rows of all
+// heads share one page in bshd/sbhd, so the items of one block reuse its
+// pages instead of walking the whole sequence's pages once per head.
+std::vector<Item> ItemsHeadsInner(const AttnGeometry& g, int64_t heads, bool kv, int64_t block) {
+  std::vector<Item> items;
+  for (int64_t bi = 0; bi < g.b; ++bi) {
+    const int64_t rows = kv ? g.rows_kv(bi) : g.rows_q(bi);
+    for (int64_t s = 0; s < rows; s += block)
+      for (int64_t h = 0; h < heads; ++h) items.push_back(Item{bi, h, s});
+  }
+  return items;
+}
 
 #if TEFL_ATTN_BF16DOT
 // Whether a call on the bf16 dot path runs its products on AMX tiles (and
@@ -1382,7 +1395,7 @@ tefl_status* AttnFwd(const tefl_call_frame* f, void*) {
     ThreadAttnWorkspace ws;
     c.kv_pack = ws->kv_pack.Get(size_t(tiles * c.tile_floats));
     if (!c.kv_pack) return Status(f, TEFL_INTERNAL, "out of memory for the packed k/v tiles");
-    const std::vector<Item> kv_items = Items(c.g, c.g.hkv, true, c.bk);
+    const std::vector<Item> kv_items = ItemsHeadsInner(c.g, c.g.hkv, true, c.bk);
     if (!kv_items.empty()) {
       c.items = kv_items.data();
       f->host->parallel_for(int64_t(kv_items.size()), 1, Body<PackKvDispatch>, &c);
