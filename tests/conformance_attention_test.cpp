@@ -683,6 +683,54 @@ TEST(AttentionBf16Amx, MatchesTheVdpbf16psProducts) {
   }
 }
 
+// vdpbf16ps and tdpbf16ps read subnormal bf16 inputs as 0, so one subnormal
+// value in q, k, v (or d_o for the backward) sends the whole call to the fp32
+// products: the outputs are then bit for bit those of
+// TEFL_PORTABLE_ATTN_BF16DOT=0. The tensors span two pieces of the parallel
+// scan (65536 elements): the subnormal sits at the first or the last element.
+TEST(AttentionBf16Dot, OneSubnormalInputTakesTheFp32Products) {
+  const char* kPortable = "default.portable";
+  const std::vector<std::string> impls = CpuImplementations("fused_attn_bwd");
+  if (std::find(impls.begin(), impls.end(), kPortable) == impls.end()) GTEST_SKIP() << "no default.portable";
+  Spec s;
+  s.dtype = DType::kBF16;
+  s.b = 2;
+  s.sq = 130;
+  s.sk = 130;
+  s.hq = 4;
+  s.hkv = 4;
+  s.dqk = 64;
+  s.dv = 64;
+  s.lo = -1.0;
+  s.hi = 1.0;
+  const double kSubnormal = 1e-39;  // a bf16 subnormal (|x| < 2^-126)
+  for (int which = 0; which < 4; ++which) {  // q, k, v, d_o
+    for (bool last : {false, true}) {
+      SCOPED_TRACE(fmt::format("subnormal in {} at its {} element", "qkvd"[which], last ? "last" : "first"));
+      Problem base = Make(s);
+      Tensor& t = which == 0 ? base.q : which == 1 ? base.k : which == 2 ? base.v : base.d_o;
+      ASSERT_GT(t.numel(), 65536);
+      t.set(last ? t.numel() - 1 : 0, kSubnormal);
+      ASSERT_NE(t.at(last ? t.numel() - 1 : 0), 0.0);
+      Problem got = base, want_fwd = base, want_bwd = base;
+      ASSERT_TRUE(RunFwd(got, kPortable).ok());
+      ASSERT_TRUE(RunBwd(got, kPortable).ok());
+      want_bwd.o = got.o;  // the backward from the same saved forward
+      want_bwd.stats = got.stats;
+      const Status st = WithPortableSwitch("TEFL_PORTABLE_ATTN_BF16DOT", "0", [&] {
+        Status f = RunFwd(want_fwd, kPortable);
+        return f.ok() ? RunBwd(want_bwd, kPortable) : f;
+      });
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      if (which < 3) {
+        EXPECT_TRUE(got.o.SameBytes(want_fwd.o)) << "the forward used the bf16 dot products";
+      }
+      EXPECT_TRUE(got.dq.SameBytes(want_bwd.dq) && got.dk.SameBytes(want_bwd.dk) && got.dv.SameBytes(want_bwd.dv))
+          << "the backward used the bf16 dot products";
+    }
+  }
+}
+
 TEST(AttentionConformance, ZeroSizedIsANoOp) {
   for (const std::string& impl : CpuImplementations("fused_attn_fwd")) {
     SCOPED_TRACE(impl);
