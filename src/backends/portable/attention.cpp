@@ -992,12 +992,14 @@ void DRowsRange(const AttnCtx* c, int64_t begin, int64_t end) {
   }
 }
 
-// The elementwise step of a (query block, key tile) pair: from S (scores)
-// and dP (dO V^T) in place, P' = P z into s (when keep_p) and dS = P (dP z -
-// D) into dp. Rows >= n and columns outside each row's range give 0.
+// The elementwise step of a (query block, key tile) pair: from S (scores:
+// score_mul times the tile in s, as in the forward) and dP (dO V^T) in
+// place, P' = P z into s (when keep_p) and dS = P (dP z - D) into dp. Rows
+// >= n and columns outside each row's range give 0.
 HWY_INLINE void BwdElementwise(const AttnCtx& c, Scratch& w, int64_t bi, int64_t h, int64_t i0, int64_t n, int64_t M,
-                               int64_t j0, int64_t nk, int64_t np) {
+                               int64_t j0, int64_t nk, int64_t np, float score_mul) {
   const DF df;
+  const auto vs = hn::Set(df, score_mul);
   const int64_t L = int64_t(hn::Lanes(df));
   for (int64_t r = 0; r < M; ++r) {
     float* HWY_RESTRICT s = w.s + r * kBk;
@@ -1015,14 +1017,14 @@ HWY_INLINE void BwdElementwise(const AttnCtx& c, Scratch& w, int64_t bi, int64_t
       for (int64_t j = 0; j < np; ++j) w.z[j] = 0.0f;
       DropFactors(c, bi, h, i0 + r, j0 + a, e - a, w.z + a);
       for (int64_t j = 0; j < np; j += L) {
-        const auto p = ExpNaN(df, hn::Sub(hn::LoadU(df, s + j), vl));
+        const auto p = ExpNaN(df, hn::MulSub(hn::LoadU(df, s + j), vs, vl));
         const auto z = hn::LoadU(df, w.z + j);
         hn::StoreU(hn::Mul(p, hn::MulSub(hn::LoadU(df, dp + j), z, vd)), df, dp + j);
         hn::StoreU(hn::Mul(p, z), df, s + j);
       }
     } else {
       for (int64_t j = 0; j < np; j += L) {
-        const auto p = ExpNaN(df, hn::Sub(hn::LoadU(df, s + j), vl));
+        const auto p = ExpNaN(df, hn::MulSub(hn::LoadU(df, s + j), vs, vl));
         hn::StoreU(hn::Mul(p, hn::Sub(hn::LoadU(df, dp + j), vd)), df, dp + j);
         hn::StoreU(p, df, s + j);
       }
@@ -1071,9 +1073,11 @@ void BwdKvItemBf16(const AttnCtx& c, Scratch& w, int64_t bi, int64_t hk, int64_t
       const uint32_t* orow = qpair + kBq / 2 * dqkp;
       const uint32_t* opair = orow + kBq * dvp / 2;
       float* dq_rows = dq_partial + g.stat_index(bi, h, i0) * dqkp;
-      Dot<false>(c, qrow, size_t(dqkp / 2), w.ktp, kBk, w.s, kBk, size_t(M), size_t(np), size_t(dqkp / 2), scale);
+      // The scale folded into exp's FMA, as in the forward (a positive scale).
+      Dot<false>(c, qrow, size_t(dqkp / 2), w.ktp, kBk, w.s, kBk, size_t(M), size_t(np), size_t(dqkp / 2),
+                 scale > 0.0f ? 1.0f : scale);
       Dot<false>(c, orow, size_t(dvp / 2), w.vtp, kBk, w.dp, kBk, size_t(M), size_t(np), size_t(dvp / 2), 1.0f);
-      BwdElementwise(c, w, bi, h, i0, n, M, j0, nk, np);
+      BwdElementwise(c, w, bi, h, i0, n, M, j0, nk, np, scale > 0.0f ? scale : 1.0f);
       TileToBf16(w.s, w.dp, M, np, w.pp, w.dsp, w.dsr);
       // dQ / scale += dS K for these rows (into the chunk's partial).
       if (n == M) {
@@ -1146,7 +1150,7 @@ void BwdKvItem(const AttnCtx& c, const Item& it, Scratch& w, float* dq_partial) 
       }
       Gemm<false>(qs, size_t(c.dqkp), w.kt, kBk, w.s, kBk, size_t(M), size_t(np), size_t(g.dqk));
       Gemm<false>(dos, size_t(c.dvp), w.vt, kBk, w.dp, kBk, size_t(M), size_t(np), size_t(g.dv));
-      BwdElementwise(c, w, bi, h, i0, n, M, j0, nk, np);
+      BwdElementwise(c, w, bi, h, i0, n, M, j0, nk, np, 1.0f);
       // dQ / scale += dS K for these rows (into the chunk's partial).
       if (n == M) {
         Gemm<true>(w.dp, kBk, w.krow, size_t(c.dqkp), dq_rows, size_t(c.dqkp), size_t(M), size_t(c.dqkp), size_t(np));
