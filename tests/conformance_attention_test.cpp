@@ -543,6 +543,55 @@ TEST(AttentionMasking, NanPropagates) {
   }
 }
 
+// ---- default.portable's bf16 products (vdpbf16ps, AMX) --------------------------------------
+// One bf16 problem of the tests below: layout, mask, sizes, dropout.
+struct Bf16Case {
+  int32_t format, mask;
+  int64_t sq, sk, hq, hkv, dqk, dv;
+  float dropout;
+};
+Spec Bf16Spec(const Bf16Case& k) {
+  Spec s;
+  s.dtype = DType::kBF16;
+  s.format = k.format;
+  s.mask = k.mask;
+  s.b = 2;
+  s.sq = k.sq;
+  s.sk = k.sk;
+  s.hq = k.hq;
+  s.hkv = k.hkv;
+  s.dqk = k.dqk;
+  s.dv = k.dv;
+  s.lo = -1.0;
+  s.hi = 1.0;
+  s.dropout = k.dropout;
+  s.training = k.dropout > 0.0f;
+  if (s.thd()) {
+    s.lens_q = {90, 37};
+    s.lens_kv = {63, 90};
+  }
+  return s;
+}
+bool HasPortableAttention() {
+  const std::vector<std::string> impls = CpuImplementations("fused_attn_bwd");
+  return std::find(impls.begin(), impls.end(), "default.portable") != impls.end();
+}
+// default.portable's forward and backward of `got`; then, with the portable
+// switch `env` set to 0, the forward of `want_fwd` and the backward of
+// `want_bwd` from got's saved forward (o, stats).
+void RunWithAndWithout(const char* env, Problem& got, Problem& want_fwd, Problem& want_bwd) {
+  const char* kPortable = "default.portable";
+  ASSERT_TRUE(RunFwd(got, kPortable).ok());
+  ASSERT_TRUE(RunBwd(got, kPortable).ok());
+  want_bwd.o = got.o;
+  want_bwd.stats = got.stats;
+  const Status st = WithPortableSwitch(env, "0", [&] {
+    Status f = RunFwd(want_fwd, kPortable);
+    return f.ok() ? RunBwd(want_bwd, kPortable) : f;
+  });
+  ASSERT_TRUE(st.ok()) << st.ToString();
+}
+
 // default.portable's bf16 forward and backward run their tile products on
 // vdpbf16ps when the CPU has avx512_bf16 (P, P' and dS rounded to bf16);
 // TEFL_PORTABLE_ATTN_BF16DOT=0 forces the fp32 products. On the same bf16
@@ -551,41 +600,17 @@ TEST(AttentionMasking, NanPropagates) {
 // bits (the dot path really ran).
 TEST(AttentionBf16Dot, MatchesTheFp32ProductsOnTheSameInputs) {
   const char* kPortable = "default.portable";
-  const std::vector<std::string> impls = CpuImplementations("fused_attn_bwd");
-  if (std::find(impls.begin(), impls.end(), kPortable) == impls.end()) GTEST_SKIP() << "no default.portable";
+  if (!HasPortableAttention()) GTEST_SKIP() << "no default.portable";
   // The CPU has vdpbf16ps and TEFL_MAX_CPU_ISA allows it.
   const bool has_dot = tefl::backends::CpuHasAvx512Bf16();
-  struct C {
-    int32_t format, mask;
-    int64_t sq, sk, hq, hkv, dqk, dv;
-    float dropout;
-  };
-  const C cases[] = {{TEFL_QKV_BSHD, 0, 130, 197, 4, 2, 64, 64, 0.0f},
+  const Bf16Case cases[] = {{TEFL_QKV_BSHD, 0, 130, 197, 4, 2, 64, 64, 0.0f},
                      {TEFL_QKV_BSHD, 2, 130, 130, 4, 1, 128, 128, 0.0f},
                      {TEFL_QKV_SBHD, 4, 67, 150, 6, 2, 20, 36, 0.0f},
                      {TEFL_QKV_THD, 2, 90, 90, 2, 2, 64, 64, 0.0f},
                      {TEFL_QKV_BSHD, 2, 70, 65, 2, 1, 64, 64, 0.2f}};
   bool any_diff = false, any_fwd_diff = false;
-  for (const C& k : cases) {
-    Spec s;
-    s.dtype = DType::kBF16;
-    s.format = k.format;
-    s.mask = k.mask;
-    s.b = 2;
-    s.sq = k.sq;
-    s.sk = k.sk;
-    s.hq = k.hq;
-    s.hkv = k.hkv;
-    s.dqk = k.dqk;
-    s.dv = k.dv;
-    s.lo = -1.0;
-    s.hi = 1.0;
-    s.dropout = k.dropout;
-    s.training = k.dropout > 0.0f;
-    if (s.thd()) {
-      s.lens_q = {90, 37};
-      s.lens_kv = {63, 90};
-    }
+  for (const Bf16Case& k : cases) {
+    const Spec s = Bf16Spec(k);
     SCOPED_TRACE(s.Name());
     Problem dot = Make(s);
     ASSERT_TRUE(RunFwd(dot, kReference).ok());
@@ -623,52 +648,23 @@ TEST(AttentionBf16Dot, MatchesTheFp32ProductsOnTheSameInputs) {
 // and 20 / 36 (padded), GQA, masks and dropout. On such a CPU the AMX path
 // must have run for every call (the run counter) and changed some bits.
 TEST(AttentionBf16Amx, MatchesTheVdpbf16psProducts) {
-  const char* kPortable = "default.portable";
-  const std::vector<std::string> impls = CpuImplementations("fused_attn_bwd");
-  if (std::find(impls.begin(), impls.end(), kPortable) == impls.end()) GTEST_SKIP() << "no default.portable";
+  if (!HasPortableAttention()) GTEST_SKIP() << "no default.portable";
   using tefl::backends::PortablePath;
   const bool has_amx = tefl::backends::CpuHasAmxBf16() && tefl::backends::PortablePathOn(PortablePath::kAttnAmx);
-  struct C {
-    int32_t format, mask;
-    int64_t sq, sk, hq, hkv, dqk, dv;
-    float dropout;
-  };
-  const C cases[] = {{TEFL_QKV_BSHD, 0, 110, 197, 4, 2, 64, 64, 0.0f},
+  const Bf16Case cases[] = {{TEFL_QKV_BSHD, 0, 110, 197, 4, 2, 64, 64, 0.0f},
                      {TEFL_QKV_BSHD, 2, 78, 78, 2, 1, 128, 128, 0.0f},
                      {TEFL_QKV_SBHD, 4, 110, 150, 6, 2, 20, 36, 0.0f},
                      {TEFL_QKV_BSHD, 2, 128, 128, 2, 2, 64, 64, 0.25f}};
   bool any_diff = false;
-  for (const C& k : cases) {
-    Spec s;
-    s.dtype = DType::kBF16;
-    s.format = k.format;
-    s.mask = k.mask;
-    s.b = 2;
-    s.sq = k.sq;
-    s.sk = k.sk;
-    s.hq = k.hq;
-    s.hkv = k.hkv;
-    s.dqk = k.dqk;
-    s.dv = k.dv;
-    s.lo = -1.0;
-    s.hi = 1.0;
-    s.dropout = k.dropout;
-    s.training = k.dropout > 0.0f;
+  for (const Bf16Case& k : cases) {
+    const Spec s = Bf16Spec(k);
     SCOPED_TRACE(s.Name());
     const unsigned long long runs0 = tefl::backends::PortablePathRuns(PortablePath::kAttnAmx);
     Problem amx = Make(s), dot = Make(s), fwd_dot = Make(s);
-    ASSERT_TRUE(RunFwd(amx, kPortable).ok());
-    ASSERT_TRUE(RunBwd(amx, kPortable).ok());
-    const unsigned long long runs1 = tefl::backends::PortablePathRuns(PortablePath::kAttnAmx);
-    EXPECT_EQ(runs1 - runs0, has_amx ? 2u : 0u) << "AMX attention calls counted";
-    dot.o = amx.o;  // the backward from the same saved forward
-    dot.stats = amx.stats;
-    const Status st = WithPortableSwitch("TEFL_PORTABLE_ATTN_AMX", "0", [&] {
-      Status f = RunFwd(fwd_dot, kPortable);
-      return f.ok() ? RunBwd(dot, kPortable) : f;
-    });
-    ASSERT_TRUE(st.ok()) << st.ToString();
-    EXPECT_EQ(tefl::backends::PortablePathRuns(PortablePath::kAttnAmx), runs1) << "TEFL_PORTABLE_ATTN_AMX=0";
+    RunWithAndWithout("TEFL_PORTABLE_ATTN_AMX", amx, fwd_dot, dot);
+    if (::testing::Test::HasFatalFailure()) return;
+    // Two calls on AMX; none with TEFL_PORTABLE_ATTN_AMX=0.
+    EXPECT_EQ(tefl::backends::PortablePathRuns(PortablePath::kAttnAmx) - runs0, has_amx ? 2u : 0u);
     const Tolerance tol = AttnTol(DType::kBF16);
     const std::string msg = Cmp("o", amx.o, fwd_dot.o, tol) +
                             Cmp("stats", amx.stats, fwd_dot.stats, Tolerance{1e-3, 1e-3}) +
@@ -689,20 +685,8 @@ TEST(AttentionBf16Amx, MatchesTheVdpbf16psProducts) {
 // TEFL_PORTABLE_ATTN_BF16DOT=0. The tensors span two pieces of the parallel
 // scan (65536 elements): the subnormal sits at the first or the last element.
 TEST(AttentionBf16Dot, OneSubnormalInputTakesTheFp32Products) {
-  const char* kPortable = "default.portable";
-  const std::vector<std::string> impls = CpuImplementations("fused_attn_bwd");
-  if (std::find(impls.begin(), impls.end(), kPortable) == impls.end()) GTEST_SKIP() << "no default.portable";
-  Spec s;
-  s.dtype = DType::kBF16;
-  s.b = 2;
-  s.sq = 130;
-  s.sk = 130;
-  s.hq = 4;
-  s.hkv = 4;
-  s.dqk = 64;
-  s.dv = 64;
-  s.lo = -1.0;
-  s.hi = 1.0;
+  if (!HasPortableAttention()) GTEST_SKIP() << "no default.portable";
+  const Spec s = Bf16Spec({TEFL_QKV_BSHD, 0, 130, 130, 4, 4, 64, 64, 0.0f});
   const double kSubnormal = 1e-39;  // a bf16 subnormal (|x| < 2^-126)
   for (int which = 0; which < 4; ++which) {  // q, k, v, d_o
     for (bool last : {false, true}) {
@@ -713,15 +697,8 @@ TEST(AttentionBf16Dot, OneSubnormalInputTakesTheFp32Products) {
       t.set(last ? t.numel() - 1 : 0, kSubnormal);
       ASSERT_NE(t.at(last ? t.numel() - 1 : 0), 0.0);
       Problem got = base, want_fwd = base, want_bwd = base;
-      ASSERT_TRUE(RunFwd(got, kPortable).ok());
-      ASSERT_TRUE(RunBwd(got, kPortable).ok());
-      want_bwd.o = got.o;  // the backward from the same saved forward
-      want_bwd.stats = got.stats;
-      const Status st = WithPortableSwitch("TEFL_PORTABLE_ATTN_BF16DOT", "0", [&] {
-        Status f = RunFwd(want_fwd, kPortable);
-        return f.ok() ? RunBwd(want_bwd, kPortable) : f;
-      });
-      ASSERT_TRUE(st.ok()) << st.ToString();
+      RunWithAndWithout("TEFL_PORTABLE_ATTN_BF16DOT", got, want_fwd, want_bwd);
+      if (::testing::Test::HasFatalFailure()) return;
       if (which < 3) {
         EXPECT_TRUE(got.o.SameBytes(want_fwd.o)) << "the forward used the bf16 dot products";
       }
