@@ -604,10 +604,10 @@ TEST(AttentionBf16Dot, MatchesTheFp32ProductsOnTheSameInputs) {
   // The CPU has vdpbf16ps and TEFL_MAX_CPU_ISA allows it.
   const bool has_dot = tefl::backends::CpuHasAvx512Bf16();
   const Bf16Case cases[] = {{TEFL_QKV_BSHD, 0, 130, 197, 4, 2, 64, 64, 0.0f},
-                     {TEFL_QKV_BSHD, 2, 130, 130, 4, 1, 128, 128, 0.0f},
-                     {TEFL_QKV_SBHD, 4, 67, 150, 6, 2, 20, 36, 0.0f},
-                     {TEFL_QKV_THD, 2, 90, 90, 2, 2, 64, 64, 0.0f},
-                     {TEFL_QKV_BSHD, 2, 70, 65, 2, 1, 64, 64, 0.2f}};
+                            {TEFL_QKV_BSHD, 2, 130, 130, 4, 1, 128, 128, 0.0f},
+                            {TEFL_QKV_SBHD, 4, 67, 150, 6, 2, 20, 36, 0.0f},
+                            {TEFL_QKV_THD, 2, 90, 90, 2, 2, 64, 64, 0.0f},
+                            {TEFL_QKV_BSHD, 2, 70, 65, 2, 1, 64, 64, 0.2f}};
   bool any_diff = false, any_fwd_diff = false;
   for (const Bf16Case& k : cases) {
     const Spec s = Bf16Spec(k);
@@ -644,17 +644,20 @@ TEST(AttentionBf16Dot, MatchesTheFp32ProductsOnTheSameInputs) {
 // TEFL_PORTABLE_ATTN_AMX=0 keeps them all on vdpbf16ps. Both take the same
 // bf16 operands and round P, P' and dS the same way, so they agree within
 // the bf16 tolerance. The sizes give last query blocks of 46 rows (48: two
-// row tiles then one) and 14 rows (16: one row tile), head dims of 64, 128
-// and 20 / 36 (padded), GQA, masks and dropout. On such a CPU the AMX path
-// must have run for every call (the run counter) and changed some bits.
+// row tiles then one), 14 rows (16: one row tile) and 32 rows (the
+// backward's dK / dV products over 16 row pairs: one K step), head dims of
+// 64, 128 and 20 / 36 (padded), GQA, masks and dropout. On such a CPU the
+// AMX path must have run for every call (the run counter) and changed some
+// bits.
 TEST(AttentionBf16Amx, MatchesTheVdpbf16psProducts) {
   if (!HasPortableAttention()) GTEST_SKIP() << "no default.portable";
   using tefl::backends::PortablePath;
   const bool has_amx = tefl::backends::CpuHasAmxBf16() && tefl::backends::PortablePathOn(PortablePath::kAttnAmx);
   const Bf16Case cases[] = {{TEFL_QKV_BSHD, 0, 110, 197, 4, 2, 64, 64, 0.0f},
-                     {TEFL_QKV_BSHD, 2, 78, 78, 2, 1, 128, 128, 0.0f},
-                     {TEFL_QKV_SBHD, 4, 110, 150, 6, 2, 20, 36, 0.0f},
-                     {TEFL_QKV_BSHD, 2, 128, 128, 2, 2, 64, 64, 0.25f}};
+                            {TEFL_QKV_BSHD, 2, 78, 78, 2, 1, 128, 128, 0.0f},
+                            {TEFL_QKV_SBHD, 4, 110, 150, 6, 2, 20, 36, 0.0f},
+                            {TEFL_QKV_BSHD, 0, 96, 80, 2, 1, 64, 64, 0.0f},
+                            {TEFL_QKV_BSHD, 2, 128, 128, 2, 2, 64, 64, 0.25f}};
   bool any_diff = false;
   for (const Bf16Case& k : cases) {
     const Spec s = Bf16Spec(k);
