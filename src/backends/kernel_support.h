@@ -35,6 +35,12 @@ inline bool IsFloatType(DType t) { return t == DType::kF32 || t == DType::kF16 |
 // Bytes of one element of a float type (fp32 4, fp16/bf16 2).
 inline size_t FloatElemSize(DType t) { return t == DType::kF32 ? 4 : 2; }
 
+// Buffers a kernel keeps in the calling thread between calls (a fresh buffer
+// costs its page faults, ~1-1.5 us per 4 KiB page, on every call) are freed
+// on return when a call leaves more than this in them (gemm.cpp's workspace,
+// attention.cpp's packed operands).
+constexpr size_t kKeptBufferBytes = size_t(256) << 20;
+
 // "<op> (<impl>): <what>" as a host status. No allocation: kernels call it
 // from catch blocks too (nothing may escape a kernel).
 inline tefl_status* KernelStatus(const tefl_call_frame* f, const char* impl, const char* family, int32_t code,

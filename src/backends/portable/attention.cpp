@@ -1215,26 +1215,21 @@ void FwdDispatch(const AttnCtx* c, int64_t b, int64_t e) { HWY_DYNAMIC_DISPATCH(
 void PackKvDispatch(const AttnCtx* c, int64_t b, int64_t e) { HWY_DYNAMIC_DISPATCH(PackKvRange)(c, b, e); }
 void DRowsDispatch(const AttnCtx* c, int64_t b, int64_t e) { HWY_DYNAMIC_DISPATCH(DRowsRange)(c, b, e); }
 
-// Blocks of `block` rows of every (sequence, head): queries (kv = false) or keys.
-std::vector<Item> Items(const AttnGeometry& g, int64_t heads, bool kv, int64_t block) {
+// Blocks of `block` rows of every (sequence, head): queries (kv = false) or
+// keys, in (sequence, head, block) order, or with heads_inner in (sequence,
+// block, head) order. The forward's k/v packing (every item the same work)
+// takes the latter: a token's rows of all heads share one page in bshd/sbhd,
+// so the items of one block reuse its pages instead of walking the whole
+// sequence's pages once per head.
+std::vector<Item> Items(const AttnGeometry& g, int64_t heads, bool kv, int64_t block, bool heads_inner = false) {
   std::vector<Item> items;
   for (int64_t bi = 0; bi < g.b; ++bi) {
     const int64_t rows = kv ? g.rows_kv(bi) : g.rows_q(bi);
-    for (int64_t h = 0; h < heads; ++h)
-      for (int64_t s = 0; s < rows; s += block) items.push_back(Item{bi, h, s});
-  }
-  return items;
-}
-// The same items with the heads innermost: (sequence, block, head). For the
-// forward's k/v packing (every item the same work): a token's rows of all
-// heads share one page in bshd/sbhd, so the items of one block reuse its
-// pages instead of walking the whole sequence's pages once per head.
-std::vector<Item> ItemsHeadsInner(const AttnGeometry& g, int64_t heads, bool kv, int64_t block) {
-  std::vector<Item> items;
-  for (int64_t bi = 0; bi < g.b; ++bi) {
-    const int64_t rows = kv ? g.rows_kv(bi) : g.rows_q(bi);
-    for (int64_t s = 0; s < rows; s += block)
-      for (int64_t h = 0; h < heads; ++h) items.push_back(Item{bi, h, s});
+    const int64_t blocks = (rows + block - 1) / block;
+    for (int64_t u = 0; u < heads * blocks; ++u) {
+      const int64_t h = heads_inner ? u % heads : u / blocks, blk = heads_inner ? u / heads : u % blocks;
+      items.push_back(Item{bi, h, blk * block});
+    }
   }
   return items;
 }
@@ -1351,8 +1346,8 @@ void ReduceBody(void* ctx, int64_t begin, int64_t end) {
 // every call (~1-1.5 us per 4 KiB page: ~5 ms for the 16 MiB of packed k/v
 // at b 2, h 16, s 2048, d 128, ~5 % of that forward). They only grow, their
 // contents are unspecified (every kernel writes what it reads); a call that
-// leaves more than kKeepBytes in them frees them on return.
-constexpr size_t kKeepBytes = size_t(256) << 20;
+// leaves more than kKeptBufferBytes (kernel_support.h) in them frees them
+// on return.
 template <class T>
 class KeptBuffer {
  public:
@@ -1380,12 +1375,12 @@ struct AttnWorkspace {
   }
 };
 // The calling thread's buffers, freed on scope exit when they exceed
-// kKeepBytes.
+// kKeptBufferBytes.
 class ThreadAttnWorkspace {
  public:
   ThreadAttnWorkspace() : ws_(Kept()) {}
   ~ThreadAttnWorkspace() {
-    if (ws_.Bytes() > kKeepBytes) ws_ = AttnWorkspace();
+    if (ws_.Bytes() > kKeptBufferBytes) ws_ = AttnWorkspace();
   }
   ThreadAttnWorkspace(const ThreadAttnWorkspace&) = delete;
   ThreadAttnWorkspace& operator=(const ThreadAttnWorkspace&) = delete;
@@ -1433,7 +1428,7 @@ tefl_status* AttnFwd(const tefl_call_frame* f, void*) {
     ThreadAttnWorkspace ws;
     c.kv_pack = ws->kv_pack.Get(size_t(tiles * c.tile_floats));
     if (!c.kv_pack) return Status(f, TEFL_INTERNAL, "out of memory for the packed k/v tiles");
-    const std::vector<Item> kv_items = ItemsHeadsInner(c.g, c.g.hkv, true, c.bk);
+    const std::vector<Item> kv_items = Items(c.g, c.g.hkv, true, c.bk, /*heads_inner=*/true);
     if (!kv_items.empty()) {
       c.items = kv_items.data();
       f->host->parallel_for(int64_t(kv_items.size()), 1, Body<PackKvDispatch>, &c);

@@ -285,8 +285,7 @@ tefl_status* Status(const tefl_call_frame* f, int32_t code, const char* what) no
 // path's packed panels live in buffers kept by the calling thread between
 // calls (a fresh 64 MiB buffer costs its page faults on every call). They
 // only grow (no re-initialisation); a call that leaves more than
-// kWorkspaceKeepBytes in them frees them on return.
-constexpr size_t kWorkspaceKeepBytes = size_t(256) << 20;
+// kKeptBufferBytes (kernel_support.h) in them frees them on return.
 // The counters of one column group in FusedSchedule.
 struct alignas(64) FusedGroup {
   std::atomic<int64_t> next_super{0};  // the group's next unclaimed row task
@@ -321,7 +320,7 @@ struct WorkspaceTrim {
   Workspace& ws;
   explicit WorkspaceTrim(Workspace& w) : ws(w) {}
   ~WorkspaceTrim() {
-    if (ws.Bytes() > kWorkspaceKeepBytes) ws = Workspace();
+    if (ws.Bytes() > kKeptBufferBytes) ws = Workspace();
   }
 };
 template <class T>
@@ -1598,12 +1597,12 @@ size_t F32PackedFloats(int64_t m, int64_t n, int64_t k) {
 }
 
 // Packed operands beyond the workspace that is kept between calls
-// (kWorkspaceKeepBytes) would be allocated and faulted in on every call, a
+// (kKeptBufferBytes) would be allocated and faulted in on every call, a
 // copy as large as A and B together: such products take OpenBLAS, which
 // packs in fixed-size blocks (and is level with the own tiles at that size).
 bool UseOwnF32(int64_t m, int64_t n, int64_t k) {
   return m >= kF32MinRows && n >= kF32MinCols && m * n * k >= kF32MinWork &&
-         F32PackedFloats(m, n, k) * sizeof(float) <= kWorkspaceKeepBytes &&
+         F32PackedFloats(m, n, k) * sizeof(float) <= kKeptBufferBytes &&
          PortablePathOn(PortablePath::kGemmF32Avx512);
 }
 
