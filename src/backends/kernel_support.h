@@ -41,6 +41,29 @@ inline size_t FloatElemSize(DType t) { return t == DType::kF32 ? 4 : 2; }
 // attention.cpp's packed operands).
 constexpr size_t kKeptBufferBytes = size_t(256) << 20;
 
+// The calling thread's kept buffers of type W (default-constructible, with
+// Bytes()) for the scope of one call: on scope exit they are freed when they
+// hold more than kKeptBufferBytes, else kept for the thread's next call.
+template <class W>
+class ThreadKept {
+ public:
+  ThreadKept() : w_(Kept()) {}
+  ~ThreadKept() {
+    if (w_.Bytes() > kKeptBufferBytes) w_ = W();
+  }
+  ThreadKept(const ThreadKept&) = delete;
+  ThreadKept& operator=(const ThreadKept&) = delete;
+  W& operator*() { return w_; }
+  W* operator->() { return &w_; }
+
+ private:
+  static W& Kept() {
+    thread_local W w;
+    return w;
+  }
+  W& w_;
+};
+
 // "<op> (<impl>): <what>" as a host status. No allocation: kernels call it
 // from catch blocks too (nothing may escape a kernel).
 inline tefl_status* KernelStatus(const tefl_call_frame* f, const char* impl, const char* family, int32_t code,

@@ -1374,25 +1374,6 @@ struct AttnWorkspace {
     return kv_pack.Bytes() + qs_all.Bytes() + do_all.Bytes() + partials.Bytes() + q16.Bytes();
   }
 };
-// The calling thread's buffers, freed on scope exit when they exceed
-// kKeptBufferBytes.
-class ThreadAttnWorkspace {
- public:
-  ThreadAttnWorkspace() : ws_(Kept()) {}
-  ~ThreadAttnWorkspace() {
-    if (ws_.Bytes() > kKeptBufferBytes) ws_ = AttnWorkspace();
-  }
-  ThreadAttnWorkspace(const ThreadAttnWorkspace&) = delete;
-  ThreadAttnWorkspace& operator=(const ThreadAttnWorkspace&) = delete;
-  AttnWorkspace* operator->() { return &ws_; }
-
- private:
-  static AttnWorkspace& Kept() {
-    thread_local AttnWorkspace ws;
-    return ws;
-  }
-  AttnWorkspace& ws_;
-};
 
 tefl_status* AttnFwd(const tefl_call_frame* f, void*) {
   try {
@@ -1425,7 +1406,7 @@ tefl_status* AttnFwd(const tefl_call_frame* f, void*) {
     c.tile_floats = c.bf16dot ? (c.dqkp / 2 * c.bk + c.bk / 2 * c.dvp + 15) / 16 * 16
                               : (c.g.dqk * c.bk + c.bk * c.dvp + 15) / 16 * 16;
     const int64_t tiles = first_tile.back() * c.g.hkv;
-    ThreadAttnWorkspace ws;
+    ThreadKept<AttnWorkspace> ws;  // this thread's buffers (kernel_support.h)
     c.kv_pack = ws->kv_pack.Get(size_t(tiles * c.tile_floats));
     if (!c.kv_pack) return Status(f, TEFL_INTERNAL, "out of memory for the packed k/v tiles");
     const std::vector<Item> kv_items = Items(c.g, c.g.hkv, true, c.bk, /*heads_inner=*/true);
@@ -1471,7 +1452,7 @@ tefl_status* AttnBwd(const tefl_call_frame* f, void*) {
     std::vector<float> drow(size_t(rows), 0.0f);
     c.drow = drow.data();
     std::vector<int64_t> first_qblk(size_t(c.g.b) + 1, 0);
-    ThreadAttnWorkspace ws;
+    ThreadKept<AttnWorkspace> ws;  // this thread's buffers (kernel_support.h)
 #if TEFL_ATTN_BF16DOT
     if (t == DType::kBF16 && CpuHasBf16Dot() && c.dqkp % int64_t(kDotCols) == 0 && c.dvp % int64_t(kDotCols) == 0) {
       c.bf16dot = PortablePathOn(PortablePath::kAttnBf16Dot) && !AnySubnormalBf16(f, {in[0], in[1], in[2], in[4]});

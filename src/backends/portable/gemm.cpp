@@ -312,17 +312,6 @@ void GrowGroups(Workspace& ws, int64_t n_cols) {
   ws.groups = std::make_unique<FusedGroup[]>(n);
   ws.groups_cap = n;
 }
-Workspace& ThreadWorkspace() {
-  thread_local Workspace ws;
-  return ws;
-}
-struct WorkspaceTrim {
-  Workspace& ws;
-  explicit WorkspaceTrim(Workspace& w) : ws(w) {}
-  ~WorkspaceTrim() {
-    if (ws.Bytes() > kKeptBufferBytes) ws = Workspace();
-  }
-};
 template <class T>
 void Grow(std::vector<T>& v, size_t n) {
   if (v.size() < n) v.resize(n);
@@ -2265,8 +2254,8 @@ tefl_status* GenericGemm(const tefl_call_frame* f, void*) {
     o.d_amax = d_amax ? static_cast<float*>(DataPtr(d_amax)) : nullptr;
 
     // Everything that can fail (allocation) happens before D is written.
-    Workspace& ws = ThreadWorkspace();
-    const WorkspaceTrim trim(ws);
+    ThreadKept<Workspace> kept;  // this thread's workspace (kernel_support.h)
+    Workspace& ws = *kept;
     const OnePlan plan = PlanOne(f, o, /*scan=*/false);
     Reserve(ws, o, plan);
     Execute(f, o, plan, ws);
@@ -2349,8 +2338,8 @@ tefl_status* GroupedGemm(const tefl_call_frame* f, void*) {
       row += splits[grp];
     }
     // Plan and reserve every group before the first one writes.
-    Workspace& ws = ThreadWorkspace();
-    const WorkspaceTrim trim(ws);
+    ThreadKept<Workspace> kept;  // this thread's workspace (kernel_support.h)
+    Workspace& ws = *kept;
     std::vector<OnePlan> plans(static_cast<size_t>(groups));
     for (size_t i = 0; i < jobs.size(); ++i) {
       plans[i] = PlanOne(f, jobs[i], /*scan=*/true);
