@@ -1383,9 +1383,10 @@ TEST(GemmConcurrency, ParallelCallsMatchSerial) {
 // default.portable's AMX tiles (a CPU with AMX-BF16; elsewhere these shapes
 // check the vdpbf16ps or sgemm paths): 32-row blocks, 64-row tasks, 32-column
 // panels, K in steps of 32 (zero padded) and chunks of 256 (sums kept between
-// chunks), several ~1 MiB column groups (K = 2048: 256 columns each), every
-// transpose, bf16 D written from the tiles (plain, bias) and fp32 D with C
-// (beta) or through the GELU epilogue.
+// chunks; an A read in place, with chunks of 512 below K = 2048, is
+// AmxReadsLongUntransposedAInPlace's), several ~1 MiB column groups
+// (K = 2048: 256 columns each), every transpose, bf16 D written from the
+// tiles (plain, bias) and fp32 D with C (beta) or through the GELU epilogue.
 TEST(GemmConformanceSpecial, AmxTilesAcrossBoundaries) {
   using tefl::backends::PortablePath;
   const bool amx_on = tefl::backends::PortablePathOn(PortablePath::kGemmAmx);
@@ -1528,14 +1529,15 @@ TEST(GemmConformanceSpecial, Bf16FusedGeluEpilogue) {
 // The AMX tiles read an untransposed A with K a multiple of 32 and at least
 // 1024 in place (only scanned for subnormals, not packed) when it is 64-byte
 // aligned, except a partial last row block, which is still packed: full and
-// partial blocks, at K = 1024 and 2048 (each call's first A step prefetched
-// into L1) and 2080 (not prefetched); a bf16 D written from the tiles
-// (plain, bias) and an fp32 D (C with beta, bias + GELU), against the
-// reference. One subnormal value of A in a full block or in the partial one
+// partial blocks, at K = 1024 and 1056 (K chunks of 16 steps; 1056: a last
+// chunk of one step; M = 48: a task of a block read in place and a packed
+// partial one, in one tile call) and K = 2048 and 2080 (chunks of 8 steps);
+// a bf16 D written from the tiles (plain, bias) and an fp32 D (C with beta,
+// bias + GELU), against the reference. One subnormal value of A in a full block or in the partial one
 // sends the call to the exact path, with either D. K = 2050 (not a multiple
 // of 32) packs A as before.
 TEST(GemmConformanceSpecial, AmxReadsLongUntransposedAInPlace) {
-  const Shape shapes[] = {{64, 64, 2048}, {70, 96, 1024}, {70, 96, 2080}, {33, 64, 2050}};
+  const Shape shapes[] = {{64, 64, 2048}, {70, 96, 1024}, {48, 96, 1056}, {70, 96, 2080}, {33, 64, 2050}};
   for (const Shape& sh : shapes)
     for (int epi : {0, 1, 4, 2}) {  // plain, bias: bf16 D; c_alpha_beta, gelu_bias_pre: fp32 D
       if (sh.k % 32 != 0 && (epi == 1 || epi == 4)) continue;  // the packed fallback: one epilogue per D

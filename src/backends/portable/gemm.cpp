@@ -957,22 +957,6 @@ struct AmxASource {
   const uint32_t* p;
   int64_t ld, hi, step;
 };
-// The first step of the next AmxBlocks call, prefetched into L1
-// kAmxNextStepLead steps before the end of this one: A's 32 tile rows (two
-// tiles at a, a + a_hi, rows a_ld bytes apart) and, where that call starts
-// a new B chunk, its 2 KiB of B. Only for an A read in place with K <=
-// kAmxNextStepMaxK: rows K bf16 apart fall into one or two L1 sets, so the
-// L1 streamer does not fetch them and each call would start on L2 latency
-// (bench_gemm, alternated, with kAmxInPlaceMinK: 1024^3 ~10 %, 2048^3 ~4 %
-// faster). Measured slower for packed A (contiguous per step, 2-4 %) and
-// for K = 4096 (1-3 %; a step's 32 rows there are on 32 pages);
-// docs/perf-gemm.md, session 30.
-struct AmxNextStep {
-  const char* a = nullptr;
-  int64_t a_ld = 0, a_hi = 0;
-  const char* b = nullptr;
-};
-constexpr int64_t kAmxNextStepLead = 2, kAmxNextStepMaxK = 2048;
 // Tiles 0-3 = the 32 x 32 fp32 sums at acc ([kAmxRows][kNR]), or zero when
 // `first`.
 __attribute__((target("amx-tile"), always_inline)) inline void AmxLoadSums(const float* acc, bool first) {
@@ -996,67 +980,58 @@ __attribute__((target("amx-tile"), always_inline)) inline void AmxLoadSums(const
 // loaded (a call per block, packed A: 512^3 and 4096^2 x 512 ~2 % slower;
 // docs/perf-gemm.md, session 30). Not inlined, and fenced: GCC's tile
 // intrinsics are asm statements that do not tell the compiler which memory
-// they read or write. pf: pf_per_step cache lines per step are prefetched
-// into L2 from there on (AmxBody), interleaved with the tiles (a burst of
-// prefetches stalls on the fill buffers). next_*: the fields of an
-// AmxNextStep, prefetched into L1 kAmxNextStepLead steps before the end of
-// the last block (passed as scalars: the struct itself goes on the stack,
-// and that measured ~3 % slower at 4096^2 x 1024). dsrc: d_per_step staged
+// they read or write. A's tiles are loaded by tileloaddt1
+// (_tile_stream_loadd: a hint not to keep them in L1): a call reads each of
+// its A steps once and the next read of them is a panel later, from L2, so
+// in L1 they would only evict the B chunk that the task's row blocks share
+// (docs/perf-gemm.md, session 38). pf: pf_per_step cache lines per step are
+// prefetched into L2 from there on (AmxBody), interleaved with the tiles (a
+// burst of prefetches stalls on the fill buffers). dsrc: d_per_step staged
 // 64-byte rows of D per step are written by non-temporal stores to ddst,
 // ddst + dld, ... (AmxBody's spread D stores).
 __attribute__((target("amx-tile,amx-bf16,avx512f"), noinline)) void AmxBlocks(
     const AmxASource* a, int64_t nblk, const uint32_t* bp, int64_t steps, float* acc, bool first, const char* pf,
-    int64_t pf_per_step, const char* next_a, int64_t next_a_ld, int64_t next_a_hi, const char* next_b,
-    const __m512i* dsrc, char* ddst, int64_t dld, int64_t d_per_step) {
+    int64_t pf_per_step, const __m512i* dsrc, char* ddst, int64_t dld, int64_t d_per_step) {
   asm volatile("" ::: "memory");
   AmxLoadSums(acc, first);
   // Software-pipelined: tiles are not renamed, so each load is issued as
   // soon as the tile it overwrites has been read by its last product, a
   // step ahead of its own products (steps >= 1).
-  _tile_loadd(4, a[0].p, a[0].ld);
+  _tile_stream_loadd(4, a[0].p, a[0].ld);
   _tile_loadd(6, bp, kNR * 4);
   _tile_loadd(7, bp + 16, kNR * 4);
-  _tile_loadd(5, a[0].p + a[0].hi, a[0].ld);
+  _tile_stream_loadd(5, a[0].p + a[0].hi, a[0].ld);
   for (int64_t j = 0; j < nblk; ++j) {
     const uint32_t* ap = a[j].p;
     const int64_t a_ld = a[j].ld, a_hi = a[j].hi, a_step = a[j].step;
     const uint32_t* b = bp;
-    const char* na = j + 1 == nblk ? next_a : nullptr;
     for (int64_t st = 1; st < steps; ++st) {
       ap += a_step;
       b += kAmxPairs * kNR;
       for (int64_t i = 0; i < pf_per_step; ++i, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
       for (int64_t i = 0; i < d_per_step; ++i, ++dsrc, ddst += dld)
         _mm512_stream_si512(reinterpret_cast<__m512i*>(ddst), _mm512_load_si512(dsrc));
-      if (st == steps - kAmxNextStepLead && na) {
-        for (int r = 0; r < 16; ++r) {
-          _mm_prefetch(na + r * next_a_ld, _MM_HINT_T0);
-          _mm_prefetch(na + next_a_hi + r * next_a_ld, _MM_HINT_T0);
-        }
-        if (next_b)
-          for (int line = 0; line < 32; ++line) _mm_prefetch(next_b + line * 64, _MM_HINT_T0);
-      }
       _tile_dpbf16ps(0, 4, 6);
       _tile_dpbf16ps(1, 4, 7);
-      _tile_loadd(4, ap, a_ld);
+      _tile_stream_loadd(4, ap, a_ld);
       _tile_dpbf16ps(2, 5, 6);
       _tile_loadd(6, b, kNR * 4);
       _tile_dpbf16ps(3, 5, 7);
-      _tile_loadd(5, ap + a_hi, a_ld);
+      _tile_stream_loadd(5, ap + a_hi, a_ld);
       _tile_loadd(7, b + 16, kNR * 4);
     }
     float* c = acc + j * (kAmxRows * kNR);
     const bool more = j + 1 < nblk;
     _tile_dpbf16ps(0, 4, 6);
     _tile_dpbf16ps(1, 4, 7);
-    if (more) _tile_loadd(4, a[j + 1].p, a[j + 1].ld);
+    if (more) _tile_stream_loadd(4, a[j + 1].p, a[j + 1].ld);
     _tile_dpbf16ps(2, 5, 6);
     _tile_dpbf16ps(3, 5, 7);
     _tile_stored(0, c, kNR * 4);
     _tile_stored(1, c + 16, kNR * 4);
     if (more) {
       _tile_loadd(6, bp, kNR * 4);
-      _tile_loadd(5, a[j + 1].p + a[j + 1].hi, a[j + 1].ld);
+      _tile_stream_loadd(5, a[j + 1].p + a[j + 1].hi, a[j + 1].ld);
       _tile_loadd(7, bp + 16, kNR * 4);
     }
     _tile_stored(2, c + 16 * kNR, kNR * 4);
@@ -1069,11 +1044,11 @@ __attribute__((target("amx-tile,amx-bf16,avx512f"), noinline)) void AmxBlocks(
 // Tasks of kSuperRows rows x g.gp panels (as Bf16DirectBody); D is written
 // once per block, as bf16 (out16, bias added) or fp32 (c, beta applied).
 // Blocking (measured on Sapphire Rapids, docs/perf-gemm.md): per panel, K
-// runs in chunks of kAmxChunkSteps steps over the task's row blocks, whose
-// sums wait in acc (L1) between chunks, so one chunk of the B panel (16 KiB)
-// serves every row block from L1; the task's A rows and the group's B panels
-// stay in L2 across the task.
-constexpr int64_t kAmxChunkSteps = 8;
+// runs in chunks of AmxChunkSteps steps over the task's row blocks, whose
+// sums wait in acc (L1) between chunks, so one chunk of the B panel (16 or
+// 32 KiB) serves every row block from L1; the task's A rows and the group's
+// B panels stay in L2 across the task.
+constexpr int64_t kAmxChunkSteps = 8, kAmxLongChunkSteps = 16, kAmxLongChunkMaxK = 2048;
 // A bf16 D of at least this many bytes is written with non-temporal stores
 // (each full 32-column row of a block is one 64-byte line): it would not
 // stay in L2 anyway, and plain stores first read every line of D and push
@@ -1086,14 +1061,22 @@ constexpr int64_t kAmxStreamBytes = int64_t(8) << 20;
 constexpr int64_t kAmxPrefetchABytes = int64_t(2) << 20;
 // The AMX tiles read an untransposed, 64-byte-aligned A in place (tile
 // rows K bf16 apart; A only scanned for subnormals, not packed) when K is a
-// multiple of 32 and at least this. With each call's first A step
-// prefetched into L1 (AmxNextStep), in place was faster from K = 1024
-// (bench_gemm, alternated: 1024^3 ~10 %, 2048^3 and 4096^2 x 2048 3-5 %,
-// 4096^2 x 1024 ~1 %) and 1-4 % slower at K = 512 (4096^2 x 512, 512^3);
-// without that prefetch only from K = 2048 (docs/perf-gemm.md, sessions
-// 29-30). A partial last row block is still packed (its rows past M are
-// zeros).
+// multiple of 32 and at least this. With A's tiles loaded by tileloaddt1
+// (session 38, alternated in one process against a packed A): 1024^3 10 %,
+// 2048^3 1 % faster, 4096^2 x 1024 level; at K = 512 4096^2 x 512 8 % slower
+// (512^3 7 % faster). A partial last row block is still packed (its rows
+// past M are zeros).
 constexpr int64_t kAmxInPlaceMinK = 1024;
+// Steps per K chunk: kAmxLongChunkSteps (a 32 KiB B chunk; each block's sums
+// stored and reloaded half as often) for an A read in place with K below
+// kAmxLongChunkMaxK and no GELU fused into the tiles' stores (g.gelu: a
+// bf16 D through GeluTile), else kAmxChunkSteps. Alternated in one process
+// (docs/perf-gemm.md, session 38), 16 against 8 steps: 4096^2 x 1024 4-6 %,
+// 2048^2 x 1024 5 % and 4096^2 x 1536 5 % faster; 4096^2 x 512 (packed A)
+// 6 %, 2048^3 (rows 4 KiB apart) 2 % and the fused GELU 3 % slower.
+int64_t AmxChunkSteps(const Bf16Job& g) {
+  return g.row_a && g.k < kAmxLongChunkMaxK && !g.gelu ? kAmxLongChunkSteps : kAmxChunkSteps;
+}
 // Where AmxBlocks reads row block blk of op(A) from K step s0 on.
 AmxASource AmxA(const Bf16Job& g, int64_t blk, int64_t s0) {
   if (g.row_a && (blk + 1) * kAmxRows <= g.m)
@@ -1106,31 +1089,10 @@ AmxASource AmxA(const Bf16Job& g, int64_t blk, int64_t s0) {
 const uint32_t* AmxB(const Bf16Job& g, int64_t pan, int64_t s0) {
   return g.bp + size_t(pan) * size_t(g.kpa) * kNR + size_t(s0) * (kAmxPairs * kNR);
 }
-// The next call's first step after (blk, s0, pan) in AmxBody's order
-// (blocks b0..b1 within a chunk, chunks within a panel, panels up to p1),
-// when that call reads A in place (AmxNextStep); empty otherwise.
-AmxNextStep AmxNextOf(const Bf16Job& g, int64_t blk, int64_t s0, int64_t pan, int64_t b0, int64_t b1, int64_t p1) {
-  if (!g.row_a || g.k > kAmxNextStepMaxK) return {};
-  if (++blk == b1) {
-    blk = b0;
-    if ((s0 += kAmxChunkSteps) * kAmxPairs >= g.kpa) {
-      s0 = 0;
-      ++pan;
-    }
-  }
-  if (pan >= p1 || (blk + 1) * kAmxRows > g.m) return {};  // the task's end, or a packed partial block
-  const AmxASource a = AmxA(g, blk, s0);
-  AmxNextStep next;
-  next.a = reinterpret_cast<const char*>(a.p);
-  next.a_ld = a.ld;
-  next.a_hi = a.hi * int64_t(sizeof(uint32_t));
-  if (blk == b0) next.b = reinterpret_cast<const char*>(AmxB(g, pan, s0));
-  return next;
-}
 void AmxBody(void* ctx, int64_t begin, int64_t end) {
   const auto& g = *static_cast<const Bf16Job*>(ctx);
   constexpr int64_t blocks_per_super = kSuperRows / kAmxRows;
-  const int64_t steps = g.kpa / kAmxPairs;
+  const int64_t steps = g.kpa / kAmxPairs, chunk = AmxChunkSteps(g);
   alignas(64) float acc[kSuperRows / kAmxRows][kAmxRows * kNR];
   const bool stream = g.out16 != nullptr && g.m * g.n * 2 >= kAmxStreamBytes;
   const bool prefetch_a = g.m_blocks * g.kpa * kAmxRows * 4 >= kAmxPrefetchABytes;
@@ -1174,36 +1136,31 @@ void AmxBody(void* ctx, int64_t begin, int64_t end) {
         pf = reinterpret_cast<const char*>(g.ap + size_t(nb0) * size_t(g.kpa) * kAmxRows);
         pf_end = pf + size_t(nb1 - nb0) * size_t(g.kpa) * kAmxRows * 4;
       }
-      const int64_t calls = (p1 - p0) * (b1 - b0) * ((steps + kAmxChunkSteps - 1) / kAmxChunkSteps);
+      const int64_t calls = (p1 - p0) * (b1 - b0) * ((steps + chunk - 1) / chunk);
       pf_lines = ((pf_end - pf) / 64 + calls - 1) / calls;
     }
     // Lines per step of AmxBlocks's loops, for a full chunk and for a
     // shorter last one (divisions out of the call loop: they delayed each call).
-    const int64_t last_ns = steps - (steps - 1) / kAmxChunkSteps * kAmxChunkSteps;
-    const int64_t pf_full = (pf_lines + kAmxChunkSteps - 2) / (kAmxChunkSteps - 1);
+    const int64_t last_ns = steps - (steps - 1) / chunk * chunk;
+    const int64_t pf_full = (pf_lines + chunk - 2) / (chunk - 1);
     const int64_t pf_last = last_ns > 1 ? (pf_lines + last_ns - 2) / (last_ns - 1) : 0;
     for (int64_t pan = p0; pan < p1; ++pan) {
-      for (int64_t s0 = 0; s0 < steps; s0 += kAmxChunkSteps) {
-        const int64_t ns = std::min(kAmxChunkSteps, steps - s0);
-        // Packed A: one call over the task's blocks; A read in place: one
-        // call per block, so that each call's first A step is prefetched
-        // (AmxNextStep; one call for both blocks was 5-7 % slower at 2048^3
-        // and 4096^2 x 1024; docs/perf-gemm.md, session 30).
-        const int64_t per_call = g.row_a ? 1 : b1 - b0;
-        for (int64_t blk = b0; blk < b1; blk += per_call) {
-          const int64_t nblk = std::min(per_call, b1 - blk);
-          // Lines per step of AmxBlocks's loops.
-          const int64_t per_step = pf < pf_end && ns > 1 ? (ns == kAmxChunkSteps ? pf_full : pf_last) : 0;
-          AmxASource a[blocks_per_super];
-          for (int64_t j = 0; j < nblk; ++j) a[j] = AmxA(g, blk + j, s0);
-          const AmxNextStep nx = AmxNextOf(g, blk + nblk - 1, s0, pan, b0, b1, p1);
-          const int64_t d_per_step =
-              ns > 1 && staged - drained >= d_rate * (ns - 1) * nblk ? d_rate : 0;  // the rest: at the panel's end
-          AmxBlocks(a, nblk, AmxB(g, pan, s0), ns, acc[blk - b0], s0 == 0, pf, per_step, nx.a, nx.a_ld, nx.a_hi, nx.b,
-                    stage + drained, d_per_step > 0 ? stage_dst + drained * dld : nullptr, dld, d_per_step);
-          drained += d_per_step * (ns - 1) * nblk;
-          pf += per_step * (ns - 1) * 64 * nblk;
-        }
+      for (int64_t s0 = 0; s0 < steps; s0 += chunk) {
+        const int64_t ns = std::min(chunk, steps - s0);
+        // One call over the task's row blocks (session 38: level with a
+        // call per block, which an L1 prefetch of each call's first step
+        // needed before A was loaded by tileloaddt1).
+        const int64_t nblk = b1 - b0;
+        // Lines per step of AmxBlocks's loops.
+        const int64_t per_step = pf < pf_end && ns > 1 ? (ns == chunk ? pf_full : pf_last) : 0;
+        AmxASource a[blocks_per_super];
+        for (int64_t j = 0; j < nblk; ++j) a[j] = AmxA(g, b0 + j, s0);
+        const int64_t d_per_step =
+            ns > 1 && staged - drained >= d_rate * (ns - 1) * nblk ? d_rate : 0;  // the rest: at the panel's end
+        AmxBlocks(a, nblk, AmxB(g, pan, s0), ns, acc[0], s0 == 0, pf, per_step, stage + drained,
+                  d_per_step > 0 ? stage_dst + drained * dld : nullptr, dld, d_per_step);
+        drained += d_per_step * (ns - 1) * nblk;
+        pf += per_step * (ns - 1) * 64 * nblk;
       }
       const int cols = int(std::min<int64_t>(kNR, g.n - pan * kNR));
       if (spread_task) {
@@ -1215,7 +1172,7 @@ void AmxBody(void* ctx, int64_t begin, int64_t end) {
         staged = (b1 - b0) * kAmxRows;
         drained = 0;
         // Rows per tile step, over the tile steps of a panel like this one.
-        const int64_t capacity = (b1 - b0) * (steps - (steps + kAmxChunkSteps - 1) / kAmxChunkSteps);
+        const int64_t capacity = (b1 - b0) * (steps - (steps + chunk - 1) / chunk);
         d_rate = capacity > 0 ? (staged + capacity - 1) / capacity : 0;
         stage_dst = reinterpret_cast<char*>(g.out16 + b0 * kAmxRows * g.n + pan * kNR);
         continue;
