@@ -22,7 +22,13 @@ A case DTYPE/fprop/MxNxK is TE's forward of a linear layer with GELU: W is
 tefl does it in one generic_gemm call (bias, gelu, pre_gelu_out), torch in
 torch.addmm(bias, A, W.t(), out=pre) and aten::gelu.out(pre, 'tanh', out=D).
 
-Usage: python3 bench/gemm_paired.py [--lib build/release/libtefl.so]
+--base LIB adds a third side, another build of libtefl (e.g. the commit
+before a change, built into another directory), timed in the same rounds:
+each pair then runs base, tefl and torch (the order reversed every other
+pair), and each case also reports the median and range of base ms / tefl
+ms (> 1: the change is faster). Both builds are checked against torch.
+
+Usage: python3 bench/gemm_paired.py [--lib build/release/libtefl.so] [--base OTHER/libtefl.so]
        [--cases fp32/512x512x512,bf16/fprop/2048x2048x2048,...] [--pairs 20] [--chunk 0.3] [--gap 0.2]
        [--threads 2] [--json]
 """
@@ -76,6 +82,7 @@ def parse_case(ap, case):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lib", default="build/release/libtefl.so")
+    ap.add_argument("--base", help="another build of libtefl, timed in the same rounds (base ms / tefl ms)")
     ap.add_argument("--cases", default="fp32/512x512x512,fp32/2048x2048x2048,fp32/4096x4096x1024,bf16/512x512x512")
     ap.add_argument("--pairs", type=int, default=20)
     ap.add_argument("--chunk", type=float, default=0.3, help="seconds of calls per chunk")
@@ -90,21 +97,29 @@ def main():
     tefl_threads = os.environ.setdefault("TEFL_NUM_THREADS", str(args.threads))  # read when the pool starts
     if tefl_threads != str(args.threads):
         print(f"note: TEFL_NUM_THREADS={tefl_threads} but torch runs {args.threads} threads", file=sys.stderr)
-    lib = load(args.lib)
-    gemm_id = lib.tefl_op_id(b"generic_gemm")
+    if args.base and os.path.realpath(args.base) == os.path.realpath(args.lib):
+        ap.error("--base names the same file as --lib")
+    libs = [load(args.lib)] + ([load(args.base)] if args.base else [])
+    if args.base and libs[0]._handle == libs[1]._handle:  # dlopen found one loaded copy for both
+        ap.error("--base and --lib resolved to one loaded library")
     rows = []
     for case, dt, (m, n, k), fprop in cases:
         g = torch.Generator().manual_seed(0)
         a = (torch.rand(m, k, generator=g) - 0.5).to(dt)
         b = (torch.rand(n, k, generator=g) - 0.5).to(dt) if fprop else (torch.rand(k, n, generator=g) - 0.5).to(dt)
         bias = (torch.rand(n, generator=g) - 0.5).to(dt)
-        d_tefl, d_torch = torch.empty(m, n, dtype=dt), torch.empty(m, n, dtype=dt)
-        pre_tefl, pre_torch = torch.empty(m, n, dtype=dt), torch.empty(m, n, dtype=dt)
+        d_torch, pre_torch = torch.empty(m, n, dtype=dt), torch.empty(m, n, dtype=dt)
         keep = []
         # in: A B C bias a_scale_inv b_scale_inv d_scale; out: D pre_gelu_out bias_grad d_amax
         attrs = GemmAttrs(ctypes.sizeof(GemmAttrs), 0, int(fprop), 1.0, 1.0, 0, int(fprop), 0, 0)
-        tefl = bind(lib, gemm_id, [dl(a, keep), dl(b, keep), None, dl(bias, keep) if fprop else None, None, None, None],
-                    [dl(d_tefl, keep), dl(pre_tefl, keep) if fprop else None, None, None], attrs)
+        sides, d_sides = [], []  # tefl, then base
+        for lib in libs:
+            d, pre = torch.empty(m, n, dtype=dt), torch.empty(m, n, dtype=dt)
+            keep += [d, pre]  # dl() keeps the DLTensor structs, not the tensors' memory
+            ins = [dl(a, keep), dl(b, keep), None, dl(bias, keep) if fprop else None, None, None, None]
+            sides.append(bind(lib, lib.tefl_op_id(b"generic_gemm"), ins,
+                              [dl(d, keep), dl(pre, keep) if fprop else None, None, None], attrs))
+            d_sides.append(d)
 
         if fprop:
             def torch_mm(a=a, b=b, bias=bias, pre=pre_torch, d=d_torch):
@@ -114,34 +129,40 @@ def main():
             def torch_mm(a=a, b=b, d=d_torch):
                 torch.matmul(a, b, out=d)
 
-        tefl()
         torch_mm()
-        err = (d_tefl.float() - d_torch.float()).abs().max().item()
         scale = d_torch.float().abs().max().item()
-        if not err <= 1e-2 * max(scale, 1.0):  # the two must compute the same product
-            raise SystemExit(f"{case}: tefl and torch differ by {err} (|D| max {scale})")
-        t_ms, p_ms, ratios = [], [], []
+        for run, d, name in zip(sides, d_sides, ["tefl", "base"]):
+            run()
+            err = (d.float() - d_torch.float()).abs().max().item()
+            if not err <= 1e-2 * max(scale, 1.0):  # the two must compute the same product
+                raise SystemExit(f"{case}: {name} and torch differ by {err} (|D| max {scale})")
+        t_ms, p_ms, b_ms, ratios, base_ratios = [], [], [], [], []
         for i in range(args.pairs):
-            if i % 2 == 0:
-                t = chunk_ms(tefl, args.chunk, args.gap)
-                p = chunk_ms(torch_mm, args.chunk, args.gap)
-            else:
-                p = chunk_ms(torch_mm, args.chunk, args.gap)
-                t = chunk_ms(tefl, args.chunk, args.gap)
-            t_ms.append(t)
-            p_ms.append(p)
-            ratios.append(p / t)
+            order = [*sides, torch_mm] if i % 2 == 0 else [torch_mm, *reversed(sides)]
+            ms = {fn: chunk_ms(fn, args.chunk, args.gap) for fn in order}
+            t_ms.append(ms[sides[0]])
+            p_ms.append(ms[torch_mm])
+            ratios.append(p_ms[-1] / t_ms[-1])
+            if args.base:
+                b_ms.append(ms[sides[1]])
+                base_ratios.append(b_ms[-1] / t_ms[-1])
         q = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else ratios * 3
         row = {"case": case, "pairs": args.pairs, "tefl_ms": statistics.median(t_ms),
                "torch_ms": statistics.median(p_ms), "ratio_median": statistics.median(ratios),
                "ratio_q1": q[0], "ratio_q3": q[2], "ratio_min": min(ratios), "ratio_max": max(ratios),
                "gflops_tefl": 2e-6 * m * n * k / statistics.median(t_ms)}
+        if args.base:
+            row.update({"base_ms": statistics.median(b_ms), "base_ratio_median": statistics.median(base_ratios),
+                        "base_ratio_min": min(base_ratios), "base_ratio_max": max(base_ratios)})
         rows.append(row)
         if not args.json:
             print(f"{case:22s} tefl {row['tefl_ms']:9.3f} ms ({row['gflops_tefl']:6.1f} GFLOP/s)  torch "
                   f"{row['torch_ms']:9.3f} ms  torch/tefl median {row['ratio_median']:.3f} "
                   f"(quartiles {q[0]:.3f}-{q[2]:.3f}, range {min(ratios):.3f}-{max(ratios):.3f}, "
                   f"{args.pairs} pairs)", flush=True)
+            if args.base:
+                print(f"{'':22s} base {row['base_ms']:9.3f} ms  base/tefl median {row['base_ratio_median']:.3f} "
+                      f"(range {row['base_ratio_min']:.3f}-{row['base_ratio_max']:.3f})", flush=True)
     if args.json:
         print(json.dumps(rows, indent=1))
 
