@@ -1098,15 +1098,17 @@ void AmxBody(void* ctx, int64_t begin, int64_t end) {
   const bool prefetch_a = g.m_blocks * g.kpa * kAmxRows * 4 >= kAmxPrefetchABytes;
   // A streamed bf16 D with every row 64-byte aligned: at the end of a panel
   // of a task of full row blocks, its rows are converted into `stage` and
-  // written out by AmxBlocks a few per tile step during the next panel
-  // (what is left, at the end of that panel or of the range). All of a
-  // panel's 64 non-temporal stores at once held the fill buffers that the
-  // tile loads from L2 need: bench_gemm 4096 x 4096 x 1024 12.2-12.3 ->
-  // 11.6-11.8 ms on two threads, 24.1-24.7 -> 23.1-23.3 on one
-  // (docs/perf-gemm.md, session 31).
+  // written out by AmxBlocks one per tile step during the next panel (what
+  // is left, at the end of that panel or of the range). All of a panel's 64
+  // non-temporal stores at once held the fill buffers that the tile loads
+  // from L2 need: bench_gemm 4096 x 4096 x 1024 12.2-12.3 -> 11.6-11.8 ms on
+  // two threads, 24.1-24.7 -> 23.1-23.3 on one (docs/perf-gemm.md, session
+  // 31). One row per step rather than the rows spread evenly over the
+  // panel's steps (two per step at K = 1024, three at K = 512): 1-2 % faster
+  // (session 38).
   alignas(64) __m512i stage[kSuperRows];
   const bool spread = stream && !g.gelu && g.n % kNR == 0 && reinterpret_cast<uintptr_t>(g.out16) % 64 == 0;
-  int64_t staged = 0, drained = 0, d_rate = 0;
+  int64_t staged = 0, drained = 0;
   char* stage_dst = nullptr;
   const int64_t dld = g.n * 2;
   auto drain_all = [&] {
@@ -1155,8 +1157,8 @@ void AmxBody(void* ctx, int64_t begin, int64_t end) {
         const int64_t per_step = pf < pf_end && ns > 1 ? (ns == chunk ? pf_full : pf_last) : 0;
         AmxASource a[blocks_per_super];
         for (int64_t j = 0; j < nblk; ++j) a[j] = AmxA(g, b0 + j, s0);
-        const int64_t d_per_step =
-            ns > 1 && staged - drained >= d_rate * (ns - 1) * nblk ? d_rate : 0;  // the rest: at the panel's end
+        // One staged row per step while they last for the whole call; the rest: at the panel's end.
+        const int64_t d_per_step = ns > 1 && staged - drained >= (ns - 1) * nblk ? 1 : 0;
         AmxBlocks(a, nblk, AmxB(g, pan, s0), ns, acc[0], s0 == 0, pf, per_step, stage + drained,
                   d_per_step > 0 ? stage_dst + drained * dld : nullptr, dld, d_per_step);
         drained += d_per_step * (ns - 1) * nblk;
@@ -1171,9 +1173,6 @@ void AmxBody(void* ctx, int64_t begin, int64_t end) {
                        g.bias ? g.bias + pan * kNR : nullptr);
         staged = (b1 - b0) * kAmxRows;
         drained = 0;
-        // Rows per tile step, over the tile steps of a panel like this one.
-        const int64_t capacity = (b1 - b0) * (steps - (steps + chunk - 1) / chunk);
-        d_rate = capacity > 0 ? (staged + capacity - 1) / capacity : 0;
         stage_dst = reinterpret_cast<char*>(g.out16 + b0 * kAmxRows * g.n + pan * kNR);
         continue;
       }
