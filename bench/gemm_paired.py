@@ -24,7 +24,7 @@ torch.addmm(bias, A, W.t(), out=pre) and aten::gelu.out(pre, 'tanh', out=D).
 
 --base LIB adds a third side, another build of libtefl (e.g. the commit
 before a change, built into another directory), timed in the same rounds:
-each pair then runs base, tefl and torch (the order reversed every other
+each pair then runs tefl, base and torch (the order reversed every other
 pair), and each case also reports the median and range of base ms / tefl
 ms (> 1: the change is faster). Both builds are checked against torch.
 
