@@ -1120,7 +1120,11 @@ void AmxBody(void* ctx, int64_t begin, int64_t end) {
     const int64_t grp = t / g.m_supers, sup = t % g.m_supers;
     const int64_t p0 = grp * g.gp, p1 = std::min(g.n_panels, p0 + g.gp);
     const int64_t b0 = sup * blocks_per_super, b1 = std::min(g.m_blocks, b0 + blocks_per_super);
-    const bool spread_task = spread && (b1 - b0) * kAmxRows <= g.m - b0 * kAmxRows;
+    // One AmxBlocks call covers the task's nblk row blocks (session 38: level
+    // with a call per block, which an L1 prefetch of each call's first step
+    // needed before A was loaded by tileloaddt1).
+    const int64_t nblk = b1 - b0;
+    const bool spread_task = spread && nblk * kAmxRows <= g.m - b0 * kAmxRows;
     // The packed A rows of the group's next task (sup + 1, which this thread
     // most likely runs next) are prefetched into L2 a few lines before each
     // block's chunk: they were packed by either thread, so its first panel
@@ -1138,7 +1142,7 @@ void AmxBody(void* ctx, int64_t begin, int64_t end) {
         pf = reinterpret_cast<const char*>(g.ap + size_t(nb0) * size_t(g.kpa) * kAmxRows);
         pf_end = pf + size_t(nb1 - nb0) * size_t(g.kpa) * kAmxRows * 4;
       }
-      const int64_t calls = (p1 - p0) * (b1 - b0) * ((steps + chunk - 1) / chunk);
+      const int64_t calls = (p1 - p0) * nblk * ((steps + chunk - 1) / chunk);
       pf_lines = ((pf_end - pf) / 64 + calls - 1) / calls;
     }
     // Lines per step of AmxBlocks's loops, for a full chunk and for a
@@ -1149,10 +1153,6 @@ void AmxBody(void* ctx, int64_t begin, int64_t end) {
     for (int64_t pan = p0; pan < p1; ++pan) {
       for (int64_t s0 = 0; s0 < steps; s0 += chunk) {
         const int64_t ns = std::min(chunk, steps - s0);
-        // One call over the task's row blocks (session 38: level with a
-        // call per block, which an L1 prefetch of each call's first step
-        // needed before A was loaded by tileloaddt1).
-        const int64_t nblk = b1 - b0;
         // Lines per step of AmxBlocks's loops.
         const int64_t per_step = pf < pf_end && ns > 1 ? (ns == chunk ? pf_full : pf_last) : 0;
         AmxASource a[blocks_per_super];
@@ -1171,7 +1171,7 @@ void AmxBody(void* ctx, int64_t begin, int64_t end) {
           StoreAccRows(acc[blk - b0], kAmxRows, kNR, g.alpha, 0.0f, nullptr, kNR,
                        reinterpret_cast<uint16_t*>(stage + (blk - b0) * kAmxRows),
                        g.bias ? g.bias + pan * kNR : nullptr);
-        staged = (b1 - b0) * kAmxRows;
+        staged = nblk * kAmxRows;
         drained = 0;
         stage_dst = reinterpret_cast<char*>(g.out16 + b0 * kAmxRows * g.n + pan * kNR);
         continue;
