@@ -1568,8 +1568,8 @@ TEST(GemmConformanceSpecial, AmxReadsLongUntransposedAInPlace) {
   }
 }
 
-// default.portable's own fp32 tiles (AVX-512; 12 x 32 register tiles, K in
-// chunks of 2048, GEMMs of at least 24 x 128 and 2^23 multiply-adds): partial
+// default.portable's own fp32 tiles (AVX-512; 14 x 32 register tiles, K in
+// chunks of 2048, GEMMs of at least 28 x 128 and 2^23 multiply-adds): partial
 // row blocks and column panels (of 1-31 columns, 16 among them), a K past one
 // chunk and not a multiple of 8, K below one transpose block (7) and just
 // above (9), every transpose, C with alpha and beta,
@@ -1587,7 +1587,7 @@ TEST(GemmConformanceSpecial, F32TilesAcrossBoundaries) {
   if (!own_on && std::getenv("TEFL_TEST_THREAD_VARIANT") != nullptr)
     GTEST_SKIP() << "own fp32 tiles off: a thread variant of this test repeats the default run";
   std::printf("[  NOTE    ] own fp32 tiles %s\n", own_on ? "on" : "off (OpenBLAS)");
-  const Shape shapes[] = {{107, 152, 2100}, {24, 128, 5999}, {1000, 1000, 9}, {385, 150, 200}, {1200, 1008, 7}};
+  const Shape shapes[] = {{107, 152, 2100}, {30, 128, 5999}, {1000, 1000, 9}, {385, 150, 200}, {1200, 1008, 7}};
   const int epilogues[] = {0, 4, 5, 6, 2};  // plain, c_alpha_beta, c_bias_beta0, accumulate, gelu_bias_pre
   for (const Shape& sh : shapes)
     for (int t = 0; t < 4; ++t)
@@ -1688,13 +1688,13 @@ TEST(GemmConformanceSpecial, F32ReadsUntransposedAInPlace) {
     bool in_place;  // by the rule, given the own tiles, the switch and >= 2 threads
   };
   const Case cases[] = {
-      {{64, 650, 512}, false, true},    // 5 full blocks and one of 4 rows; a 10-column last panel
+      {{74, 650, 512}, false, true},    // 5 full blocks and one of 4 rows; a 10-column last panel
       {{385, 150, 200}, false, true},   // K = 200
       {{1000, 1000, 9}, false, true},   // K below one transpose block
       {{48, 4104, 64}, false, true},    // K <= 64 at any N
       {{128, 1056, 65}, false, false},  // N > 1024 with K > 64
       {{36, 640, 513}, false, false},   // K > 512
-      {{64, 650, 512}, true, false},    // transposed A: packed
+      {{74, 650, 512}, true, false},    // transposed A: packed
   };
   const int epilogues[] = {0, 4, 6, 2};                    // plain, c_alpha_beta, accumulate, gelu_bias_pre
   const bool can = own_on && in_place_on && threads >= 2;  // A may be read in place at all

@@ -1490,12 +1490,14 @@ bool Bf16FusedDirect(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int6
   return ran;
 }
 
-// ---- fp32 on AVX-512: own packing and 12 x 32 register tiles -----------------------
+// ---- fp32 on AVX-512: own packing and 14 x 32 register tiles -----------------------
 // On the Sapphire Rapids machine of sessions 26-28, OpenBLAS 0.3.21's
 // SkylakeX sgemm was 6-10 % slower than torch's MKL on one core, too slow
-// for issue #6's goal; this 12 x 32 register tile (24 zmm sums, B's two
-// vectors loaded, A's twelve values broadcast) runs at ~95 % of the FMA
-// peak with its operands in L1/L2 (docs/perf-gemm.md). op(A) is packed per
+// for issue #6's goal; this 14 x 32 register tile (28 zmm sums, B's two
+// vectors loaded, A's fourteen values broadcast: 31 of the 32 registers)
+// runs at 85-90 % of the FMA peak with its operands in L2; it loads B's
+// vectors from L2 for 28 FMAs where a 12 x 32 tile did for 24, and measured
+// 2-5 % faster than that tile (docs/perf-gemm.md, session 39). op(A) is packed per
 // K chunk into blocks of kF32MR rows (see F32AChunk), op(B) into panels of
 // kF32NR columns ([K][kF32NR]); the pads past M and N are zeros (never
 // stored). A tile runs a whole K chunk of kF32Kc with both operands read
@@ -1507,11 +1509,14 @@ bool Bf16FusedDirect(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int6
 // (FusedSchedule, as the bf16 path). Used when PortablePathOn(kGemmF32Avx512)
 // and the GEMM is at least kF32MinRows x kF32MinCols with kF32MinWork
 // multiply-adds; else OpenBLAS.
-constexpr int kF32MR = 12, kF32NR = 32;
+constexpr int kF32MR = 14, kF32NR = 32;
+// The packing's two 8 x 8 transposes and one 16-lane mask per k, and the
+// in-place tile's five row pointers, hold 8 to 15 rows.
+static_assert(kF32MR >= 8 && kF32MR <= 15);
 constexpr int64_t kF32Kc = 2048;
 // Row blocks per task: a task's packed A chunk of ~kF32SuperABytes, within
-// [kF32MinSuper, kF32MaxSuper] blocks (measured: 6 at K = 512, 3 at K = 1024
-// and 2048).
+// [kF32MinSuper, kF32MaxSuper] blocks (measured with 12-row blocks: 6 at
+// K = 512, 3 at K = 1024 and 2048; with 14 rows that is 5 at K = 512).
 constexpr int64_t kF32SuperABytes = int64_t(150) << 10, kF32MinSuper = 3, kF32MaxSuper = 6;
 constexpr int64_t kF32GroupBytes = int64_t(1024) << 10;  // packed B per task's column group
 constexpr int64_t kF32MinRows = 2 * kF32MR, kF32MinCols = 128, kF32MinWork = int64_t(1) << 23;
@@ -1521,7 +1526,7 @@ constexpr int64_t kF32MinRows = 2 * kF32MR, kF32MinCols = 128, kF32MinWork = int
 // of D from memory and push the group's B panels out of L2 (as the AMX
 // path's kAmxStreamBytes; figures in docs/perf-gemm.md, session 29).
 constexpr int64_t kF32StreamBytes = int64_t(8) << 20;
-// An untransposed A is read in place by the tiles (twelve rows lda apart,
+// An untransposed A is read in place by the tiles (fourteen rows lda apart,
 // each k's values broadcast from them; a partial last block is still packed)
 // when K <= kF32InPlaceMaxK (one chunk) and N <= kF32InPlaceMaxN, or
 // K <= kF32InPlaceAnyNMaxK, with two or more threads. The tile runs ~4 %
@@ -1530,7 +1535,7 @@ constexpr int64_t kF32StreamBytes = int64_t(8) << 20;
 // costs twice as much per byte as on one thread: each thread's tiles read
 // every packed row block, so the packer's stores first take the lines back
 // from the other core (docs/perf-gemm.md, session 31). Beyond K = 512 the
-// rows' stride maps a block's twelve lines into one or two L1 sets.
+// rows' stride maps a block's fourteen lines into one or two L1 sets.
 constexpr int64_t kF32InPlaceMaxK = 512, kF32InPlaceMaxN = 1024, kF32InPlaceAnyNMaxK = 64;
 
 // Floats of packed operands for an M x N x K fp32 GEMM, with the slack that
@@ -1574,23 +1579,10 @@ __attribute__((target("avx2"))) inline void Transpose8x8F32(const float* src, in
   Transpose8x8Epi32(r);
   for (int q = 0; q < 8; ++q) _mm256_storeu_ps(dst + q * ldd, _mm256_castsi256_ps(r[q]));
 }
-// dst[q * ldd + i] = src[i * lds + q] for a 4 x 8 block (4 rows, 8 columns).
-__attribute__((target("avx2"))) inline void Transpose4x8F32(const float* src, int64_t lds, float* dst, int64_t ldd) {
-  const __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + lds);
-  const __m256 r2 = _mm256_loadu_ps(src + 2 * lds), r3 = _mm256_loadu_ps(src + 3 * lds);
-  const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
-  const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
-  const __m256 u[4] = {_mm256_shuffle_ps(t0, t2, 0x44), _mm256_shuffle_ps(t0, t2, 0xEE),
-                       _mm256_shuffle_ps(t1, t3, 0x44), _mm256_shuffle_ps(t1, t3, 0xEE)};
-  for (int q = 0; q < 4; ++q) {
-    _mm_storeu_ps(dst + q * ldd, _mm256_castps256_ps128(u[q]));
-    _mm_storeu_ps(dst + (q + 4) * ldd, _mm256_extractf128_ps(u[q], 1));
-  }
-}
 
 // Packed A of row block blk, K chunk k0 (a multiple of kF32Kc): each
-// block's chunk is [kc][kF32MR] (the tile's twelve broadcasts of one k are
-// one 48-byte run); chunks are stored one after another, each holding every
+// block's chunk is [kc][kF32MR] (the tile's fourteen broadcasts of one k are
+// one 56-byte run); chunks are stored one after another, each holding every
 // block in order, so a task's row blocks of one chunk are one contiguous run.
 float* F32AChunk(const F32Job& g, int64_t k0, int64_t blk) {
   const int64_t kc = std::min(kF32Kc, g.k - k0);
@@ -1609,15 +1601,17 @@ __attribute__((target("avx2,avx512f"))) void F32PackA(const F32Job& g, int64_t b
       if (g.transa) {                                    // A is [K, M]: the block's values of one k are contiguous
         const __mmask16 mask = __mmask16((1u << rows) - 1);
         for (int64_t kk = k0; kk < k1; ++kk)
-          _mm512_mask_storeu_ps(dst + kk * kF32MR, 0x0FFF, _mm512_maskz_loadu_ps(mask, g.a + kk * g.m + i0));
+          _mm512_mask_storeu_ps(dst + kk * kF32MR, __mmask16((1u << kF32MR) - 1),
+                                _mm512_maskz_loadu_ps(mask, g.a + kk * g.m + i0));
         continue;
       }
       const float* src = g.a + i0 * k;
       int64_t kk = k0;
       if (rows == kF32MR) {
         for (; kk + 8 <= k1; kk += 8) {
+          // Rows 0-7, then rows 6-13 (rows 6 and 7 are stored twice, the same values).
           Transpose8x8F32(src + kk, k, dst + kk * kF32MR, kF32MR);
-          Transpose4x8F32(src + 8 * k + kk, k, dst + kk * kF32MR + 8, kF32MR);
+          Transpose8x8F32(src + (kF32MR - 8) * k + kk, k, dst + kk * kF32MR + kF32MR - 8, kF32MR);
         }
       }
       for (; kk < k1; ++kk)
@@ -1663,9 +1657,9 @@ struct F32Prefetch {
   int64_t lines = 0;
 };
 
-// One 12 x 32 tile over kc steps of A and packed B (bp, [kc][32], 64-byte
+// One 14 x 32 tile over kc steps of A and packed B (bp, [kc][32], 64-byte
 // aligned), stored into the first `rows` x `cols` of c. A: packed (ap,
-// [kc][12]), or kAInPlace: twelve rows of A itself, ap[i * lda + kk] (the
+// [kc][14]), or kAInPlace: fourteen rows of A itself, ap[i * lda + kk] (the
 // same products summed in the same order: the same D either way).
 // first: c = alpha * sum + beta * c (c not read when beta = 0); else
 // c += alpha * sum. pa, pb: prefetched on the way (pa.lines, pb.lines <= kc).
@@ -1676,25 +1670,27 @@ __attribute__((target("avx512f"))) void F32Tile(const float* ap, int64_t lda, co
                                                 F32Prefetch pa, F32Prefetch pb, bool stream) {
   __m512 acc[kF32MR][2];
   for (auto& row : acc) row[0] = row[1] = _mm512_setzero_ps();
-  // In place: four row pointers, three rows each (row + 0, lda, 2 lda: the
-  // index register scaled by 4 and 8), so the twelve addresses need five registers.
+  // In place: five row pointers, three rows each (row + 0, lda, 2 lda: the
+  // index register scaled by 4 and 8; the last pointer's two), so the
+  // fourteen addresses need six registers.
   const float* q0 = ap;
   const float* q1 = ap + 3 * lda;
   const float* q2 = ap + 6 * lda;
   const float* q3 = ap + 9 * lda;
+  const float* q4 = ap + 12 * lda;
   for (int64_t kk = 0; kk < kc; ++kk) {
     if (kk < pa.lines) _mm_prefetch(pa.p + kk * 64, _MM_HINT_T1);
     if (kk < pb.lines) _mm_prefetch(pb.p + kk * 64, _MM_HINT_T1);
     const __m512 b0 = _mm512_load_ps(bp), b1 = _mm512_load_ps(bp + 16);
-#pragma GCC unroll 12
+#pragma GCC unroll 14
     for (int i = 0; i < kF32MR; ++i) {
-      const float* q = i < 3 ? q0 : i < 6 ? q1 : i < 9 ? q2 : q3;
+      const float* q = i < 3 ? q0 : i < 6 ? q1 : i < 9 ? q2 : i < 12 ? q3 : q4;
       const __m512 ai = _mm512_set1_ps(kAInPlace ? q[(i % 3) * lda] : ap[i]);
       acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
       acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
     }
     if (kAInPlace) {
-      ++q0, ++q1, ++q2, ++q3;
+      ++q0, ++q1, ++q2, ++q3, ++q4;
     } else {
       ap += kF32MR;
     }
@@ -1703,7 +1699,7 @@ __attribute__((target("avx512f"))) void F32Tile(const float* ap, int64_t lda, co
   const auto [m0, m1] = MasksOf32(cols);
   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
   const bool read_c = !first || beta != 0.0f;
-#pragma GCC unroll 12
+#pragma GCC unroll 14
   for (int i = 0; i < kF32MR; ++i) {
     if (i >= rows) break;
     float* p = c + i * ldc;
