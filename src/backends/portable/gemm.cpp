@@ -1495,7 +1495,7 @@ bool Bf16FusedDirect(const tefl_call_frame* f, bool ta, bool tb, int64_t m, int6
 // SkylakeX sgemm was 6-10 % slower than torch's MKL on one core, too slow
 // for issue #6's goal; this 14 x 32 register tile (28 zmm sums, B's two
 // vectors loaded, A's fourteen values broadcast: 31 of the 32 registers)
-// runs at 85-90 % of the FMA peak with its operands in L2; it loads B's
+// runs at 80-90 % of the FMA peak with its operands in L2; it loads B's
 // vectors from L2 for 28 FMAs where a 12 x 32 tile did for 24, and measured
 // 2-5 % faster than that tile (docs/perf-gemm.md, session 39). op(A) is packed per
 // K chunk into blocks of kF32MR rows (see F32AChunk), op(B) into panels of
