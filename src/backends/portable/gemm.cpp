@@ -1682,7 +1682,7 @@ __attribute__((target("avx512f"))) void F32Tile(const float* ap, int64_t lda, co
     if (kk < pa.lines) _mm_prefetch(pa.p + kk * 64, _MM_HINT_T1);
     if (kk < pb.lines) _mm_prefetch(pb.p + kk * 64, _MM_HINT_T1);
     const __m512 b0 = _mm512_load_ps(bp), b1 = _mm512_load_ps(bp + 16);
-#pragma GCC unroll 14
+#pragma GCC unroll kF32MR
     for (int i = 0; i < kF32MR; ++i) {
       const float* q = i < 3 ? q0 : i < 6 ? q1 : i < 9 ? q2 : i < 12 ? q3 : q4;
       const __m512 ai = _mm512_set1_ps(kAInPlace ? q[(i % 3) * lda] : ap[i]);
@@ -1699,7 +1699,7 @@ __attribute__((target("avx512f"))) void F32Tile(const float* ap, int64_t lda, co
   const auto [m0, m1] = MasksOf32(cols);
   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
   const bool read_c = !first || beta != 0.0f;
-#pragma GCC unroll 14
+#pragma GCC unroll kF32MR
   for (int i = 0; i < kF32MR; ++i) {
     if (i >= rows) break;
     float* p = c + i * ldc;
